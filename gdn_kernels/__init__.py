@@ -1,0 +1,11 @@
+"""Gated DeltaNet kernels for JAX: the contract of ../shared/CONTRACT.md.
+
+impl="reference": token-by-token oracle (plain autodiff, float64-capable);
+impl="xla": chunked algorithm with a hand-written VJP;
+impl="pallas": the same chunk math as Pallas kernels.
+"""
+
+from .api import gated_delta_rule, gdn_decoupled_conv1d
+from .l2norm import DEFAULT_EPS
+
+__all__ = ["gated_delta_rule", "gdn_decoupled_conv1d", "DEFAULT_EPS"]

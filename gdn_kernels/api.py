@@ -1,0 +1,81 @@
+"""The public API of CONTRACT.md: validation first, then the implementation
+switch. Jitted callables are cached per static configuration."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from . import reference, validation
+from .backends import get_backend
+from .chunk_math import accumulation_dtype
+from .delta_rule import DeltaRuleConfig, chunked_delta_rule
+from .l2norm import DEFAULT_EPS
+from .mixer import MixerConfig, gdn_mixer
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_delta_rule(cfg: DeltaRuleConfig):
+    if cfg.impl == "reference":
+        return jax.jit(lambda q, k, v, g, beta, s0: reference.token_scan(
+            q, k, v, g, beta, cfg.scale, s0))
+    return jax.jit(functools.partial(chunked_delta_rule, cfg))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_mixer(cfg: MixerConfig):
+    if cfg.impl == "reference":
+        return jax.jit(functools.partial(
+            reference.reference_mixer, num_k_heads=cfg.num_k_heads,
+            num_v_heads=cfg.num_v_heads, head_k_dim=cfg.head_k_dim,
+            head_v_dim=cfg.head_v_dim, use_qk_norm=cfg.use_qk_norm, eps=cfg.eps,
+            scale=cfg.scale))
+    return jax.jit(functools.partial(gdn_mixer, cfg))
+
+
+def _require_available(impl):
+    """Raise NotImplementedError now, before tracing, for a missing backend."""
+    if impl != "reference":
+        get_backend(impl)
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
+                     chunk_size=64, impl="pallas"):
+    """Chunked gated delta rule (CONTRACT.md section 1).
+
+    q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
+    initial_state [B, Hv, Dk, Dv] or None. Returns (o [B, T, Hv, Dv] in v's
+    dtype, final_state [B, Hv, Dk, Dv] float32).
+    """
+    validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
+                                         chunk_size, impl)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    if initial_state is None:
+        bsz, hv, dk, dv = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
+        initial_state = jnp.zeros((bsz, hv, dk, dv), accumulation_dtype(v.dtype))
+    cfg = DeltaRuleConfig(impl=impl, scale=scale, chunk_size=int(chunk_size))
+    _require_available(impl)
+    return _jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state)
+
+
+def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
+                         num_v_heads, head_k_dim, head_v_dim, use_qk_norm=True,
+                         eps=DEFAULT_EPS, scale=None, chunk_size=64, impl="pallas"):
+    """The GDN token mixer (CONTRACT.md section 2), one custom VJP.
+
+    x [B, T, 2*Hk*Dk + Hv*Dv]; conv_weight [K, C]; a, b [B, T, Hv];
+    a_log, dt_bias [Hv], [B', Hv] or [B', T', Hv]. Returns o [B, T, Hv, Dv]
+    in x's dtype.
+    """
+    validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads,
+                              num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
+                              scale, chunk_size, impl)
+    scale = float(head_k_dim ** -0.5 if scale is None else scale)
+    cfg = MixerConfig(impl=impl, num_k_heads=int(num_k_heads),
+                      num_v_heads=int(num_v_heads), head_k_dim=int(head_k_dim),
+                      head_v_dim=int(head_v_dim), use_qk_norm=bool(use_qk_norm),
+                      eps=float(eps), scale=scale, chunk_size=int(chunk_size))
+    _require_available(impl)
+    return _jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias)

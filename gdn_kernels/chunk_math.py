@@ -1,0 +1,335 @@
+"""Per-chunk math of the chunked gated delta rule, forward and backward.
+
+Every function here works on ONE chunk of ONE (batch row, value head): 2-D
+arrays, tokens along axis 0. Per-token scalars (g, beta) are columns [C, 1].
+The same functions are called by the XLA twin (vmapped over batch, heads and
+chunks, with a scan over chunks for the state) and by the Pallas kernels (one
+call per grid step / chunk iteration). They use only ops that lower inside a
+Pallas TPU kernel: 2-D dots, elementwise math, iota masks, keepdims reductions,
+static slices and concatenation (no cumsum, no triangular_solve).
+
+Notation, for a chunk of C tokens entering with state S0 [Dk, Dv]:
+  Gam_i = sum_{s<=i} g_s               cumulative log decay (within chunk)
+  D_ij  = exp(Gam_i - Gam_j), i >= j   (0 above the diagonal; exponent masked
+                                        BEFORE exp, so no inf * 0)
+  A     = strict_lower(diag(beta) K K^T * D)
+  Tinv  = (I + A)^-1                   blocked forward substitution
+  u     = Tinv (beta * v)              w = Tinv (beta * exp(Gam) * k)
+  E     = u - w S0                     the "new values" written by the chunk
+  o     = scale * ((q * exp(Gam)) S0 + lower(Q K^T * D) E)
+  S1    = exp(Gam_C) S0 + (k * exp(Gam_C - Gam))^T E
+
+The backward is derived by hand from these lines (no autodiff of them).
+Accumulation dtype is float32 (float64 when inputs are float64).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+# Diagonal block size of the blocked triangular inverse.
+INVERSE_BLOCK = 16
+
+
+def accumulation_dtype(dtype) -> jnp.dtype:
+    """float64 for float64 inputs, float32 for everything else (bf16, f32)."""
+    return jnp.dtype(jnp.float64) if jnp.dtype(dtype) == jnp.float64 else jnp.dtype(jnp.float32)
+
+
+# --------------------------------------------------------------------------
+# small linear-algebra helpers (2-D, full-precision accumulation)
+# --------------------------------------------------------------------------
+
+def _dot(a, b):
+    """a @ b for 2-D a [m, k], b [k, n] -> [m, n]."""
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                           precision=lax.Precision.HIGHEST,
+                           preferred_element_type=a.dtype)
+
+
+def _dot_tn(a, b):
+    """a^T @ b for a [k, m], b [k, n] -> [m, n]."""
+    return lax.dot_general(a, b, (((0,), (0,)), ((), ())),
+                           precision=lax.Precision.HIGHEST,
+                           preferred_element_type=a.dtype)
+
+
+def _dot_nt(a, b):
+    """a @ b^T for a [m, k], b [n, k] -> [m, n]."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                           precision=lax.Precision.HIGHEST,
+                           preferred_element_type=a.dtype)
+
+
+def _row_col(n: int):
+    """Row and column index grids [n, n] (int32)."""
+    row = lax.broadcasted_iota(jnp.int32, (n, n), 0)
+    col = lax.broadcasted_iota(jnp.int32, (n, n), 1)
+    return row, col
+
+
+# --------------------------------------------------------------------------
+# gates inside a chunk
+# --------------------------------------------------------------------------
+
+class ChunkDecay(NamedTuple):
+    """Within-chunk decay factors of one chunk.
+
+    gam:     [C, 1] cumulative log decay Gam_i (inclusive)
+    decay:   [C, C] exp(Gam_i - Gam_j) for i >= j, 0 above the diagonal
+    gam_exp: [C, 1] exp(Gam_i)        (decay from chunk start to token i)
+    tail:    [C, 1] exp(Gam_C - Gam_i) (decay from token i to chunk end)
+    total:   [1, 1] exp(Gam_C)        (decay across the whole chunk)
+    """
+    gam: jnp.ndarray
+    decay: jnp.ndarray
+    gam_exp: jnp.ndarray
+    tail: jnp.ndarray
+    total: jnp.ndarray
+
+
+def chunk_decay(g):
+    """Cumulative log decay by a triangular-mask matmul (cumsum does not
+    lower for TPU). g: [C, 1] (g <= 0). Returns ChunkDecay."""
+    n = g.shape[0]
+    row, col = _row_col(n)
+    lower = row >= col
+    tri = lower.astype(g.dtype)
+    gam = _dot(tri, g)                                        # [C, 1]
+    # Gam as a row [1, C]: sum_i g_i [i <= j] over axis 0.
+    gam_row = jnp.sum(jnp.where(row <= col, g, 0.0), axis=0, keepdims=True)
+    diff = jnp.where(lower, gam - gam_row, 0.0)               # mask BEFORE exp
+    decay = jnp.where(lower, jnp.exp(diff), 0.0)
+    gam_last = jnp.sum(g, axis=0, keepdims=True)              # [1, 1]
+    return ChunkDecay(gam=gam, decay=decay, gam_exp=jnp.exp(gam),
+                      tail=jnp.exp(gam_last - gam), total=jnp.exp(gam_last))
+
+
+# --------------------------------------------------------------------------
+# the unit-lower-triangular inverse
+# --------------------------------------------------------------------------
+
+def _forward_substitute(a):
+    """(I + a)^-1 for a strictly lower [n, n] by row-wise forward substitution.
+
+    Row i of the inverse is e_i - a[i, :] @ inv; rows < i are final by then and
+    rows >= i still hold identity rows, which a[i, :] multiplies by zero.
+    """
+    n = a.shape[0]
+    row, col = _row_col(n)
+    eye = (row == col).astype(a.dtype)
+
+    def body(i, inv):
+        a_row_i = jnp.where(row == i, a, 0.0)  # only row i of a survives
+        return inv - _dot(a_row_i, inv)
+
+    return lax.fori_loop(1, n, body, eye)
+
+
+def invert_unit_lower(a):
+    """(I + a)^-1 for a strictly lower-triangular a [C, C], C a power of two.
+
+    Blocked forward substitution: diagonal blocks of INVERSE_BLOCK rows are
+    inverted row by row, then blocks are combined by halving,
+    [[T11, 0], [T21, T22]] with T21 = -T22 A21 T11 (all matmuls).
+    """
+    n = a.shape[0]
+    if n <= INVERSE_BLOCK:
+        return _forward_substitute(a)
+    h = n // 2
+    t11 = invert_unit_lower(a[:h, :h])
+    t22 = invert_unit_lower(a[h:, h:])
+    t21 = -_dot(t22, _dot(a[h:, :h], t11))
+    zeros = jnp.zeros((h, h), a.dtype)
+    top = jnp.concatenate([t11, zeros], axis=1)
+    bottom = jnp.concatenate([t21, t22], axis=1)
+    return jnp.concatenate([top, bottom], axis=0)
+
+
+# --------------------------------------------------------------------------
+# forward
+# --------------------------------------------------------------------------
+
+class ChunkIntra(NamedTuple):
+    """State-independent quantities of one chunk (everything but S0).
+
+    dec:   ChunkDecay
+    tinv:  [C, C]  (I + A)^-1
+    u:     [C, Dv] Tinv (beta v)
+    w:     [C, Dk] Tinv (beta exp(Gam) k)
+    """
+    dec: ChunkDecay
+    tinv: jnp.ndarray
+    u: jnp.ndarray
+    w: jnp.ndarray
+
+
+def chunk_wy_matrix(k, beta, dec: ChunkDecay):
+    """A = strict_lower(diag(beta) K K^T * D). k [C, Dk], beta [C, 1] -> [C, C]."""
+    row, col = _row_col(k.shape[0])
+    return jnp.where(row > col, _dot_nt(k * beta, k) * dec.decay, 0.0)
+
+
+def chunk_intra(k, v, g, beta) -> ChunkIntra:
+    """Decay, triangular inverse and WY factors of one chunk.
+
+    k [C, Dk], v [C, Dv], g [C, 1], beta [C, 1] (all accumulation dtype).
+    """
+    dec = chunk_decay(g)
+    tinv = invert_unit_lower(chunk_wy_matrix(k, beta, dec))
+    return chunk_wy_factors(k, v, beta, dec, tinv)
+
+
+def chunk_wy_factors(k, v, beta, dec: ChunkDecay, tinv) -> ChunkIntra:
+    """u = Tinv (beta v), w = Tinv (beta exp(Gam) k), from a given Tinv."""
+    u = _dot(tinv, v * beta)
+    w = _dot(tinv, k * (beta * dec.gam_exp))
+    return ChunkIntra(dec=dec, tinv=tinv, u=u, w=w)
+
+
+def chunk_state_step(s0, k, intra: ChunkIntra):
+    """State across one chunk. s0 [Dk, Dv], k [C, Dk].
+
+    Returns (E [C, Dv] new values, S1 [Dk, Dv] state at the chunk end).
+    """
+    new_values = intra.u - _dot(intra.w, s0)
+    s1 = intra.dec.total * s0 + _dot_tn(k * intra.dec.tail, new_values)
+    return new_values, s1
+
+
+def chunk_attention(q, k, dec: ChunkDecay):
+    """P = lower(Q K^T * D), q [C, Dk], k [C, Dk] -> [C, C] (D is already 0
+    above the diagonal)."""
+    return _dot_nt(q, k) * dec.decay
+
+
+def chunk_output(q, k, s0, new_values, dec: ChunkDecay, scale):
+    """o = scale ((q exp(Gam)) S0 + P E). q, k [C, Dk], s0 [Dk, Dv],
+    new_values [C, Dv] -> [C, Dv]."""
+    inter = _dot(q * dec.gam_exp, s0)
+    intra = _dot(chunk_attention(q, k, dec), new_values)
+    return scale * (inter + intra)
+
+
+def chunk_forward(q, k, v, g, beta, s0, scale):
+    """One chunk, forward. Returns (o [C, Dv], S1 [Dk, Dv], Tinv [C, C])."""
+    intra = chunk_intra(k, v, g, beta)
+    new_values, s1 = chunk_state_step(s0, k, intra)
+    o = chunk_output(q, k, s0, new_values, intra.dec, scale)
+    return o, s1, intra.tinv
+
+
+# --------------------------------------------------------------------------
+# backward
+# --------------------------------------------------------------------------
+
+class ChunkGrads(NamedTuple):
+    """Cotangents of one chunk's inputs: dq, dk [C, Dk], dv [C, Dv],
+    dg, dbeta [C, 1], ds0 [Dk, Dv]."""
+    dq: jnp.ndarray
+    dk: jnp.ndarray
+    dv: jnp.ndarray
+    dg: jnp.ndarray
+    dbeta: jnp.ndarray
+    ds0: jnp.ndarray
+
+
+class ChunkCotangentTerms(NamedTuple):
+    """Output-cotangent terms of one chunk that do not depend on dS1.
+
+    de_out: [C, Dv]  scale P^T do            (part of dE)
+    ds_out: [Dk, Dv] scale (q exp(Gam))^T do (part of dS0)
+    """
+    de_out: jnp.ndarray
+    ds_out: jnp.ndarray
+
+
+def chunk_cotangent_terms(q, p, do, dec: ChunkDecay, scale) -> ChunkCotangentTerms:
+    """The dS1-independent parts of dE and dS0. q [C, Dk], p [C, C] (from
+    chunk_attention), do [C, Dv]."""
+    return ChunkCotangentTerms(de_out=scale * _dot_tn(p, do),
+                               ds_out=scale * _dot_tn(q * dec.gam_exp, do))
+
+
+def chunk_state_cotangent_step(ds1, k, intra: ChunkIntra, terms: ChunkCotangentTerms):
+    """Carry the state cotangent back across one chunk.
+
+    ds1 [Dk, Dv] cotangent of the chunk-end state. Returns
+    (dE [C, Dv], dS0 [Dk, Dv]).
+    """
+    d_new = terms.de_out + _dot(k * intra.dec.tail, ds1)
+    ds0 = intra.dec.total * ds1 + terms.ds_out - _dot_tn(intra.w, d_new)
+    return d_new, ds0
+
+
+def _col_sums_as_column(z):
+    """Column sums of z [n, n] as a column [n, 1] (z^T 1, by a dot)."""
+    return _dot_tn(z, jnp.ones((z.shape[0], 1), z.dtype))
+
+
+def _reverse_cumsum(x):
+    """dg_s = sum_{t >= s} x_t for a column x [C, 1], by a triangular matmul."""
+    row, col = _row_col(x.shape[0])
+    return _dot((row <= col).astype(x.dtype), x)
+
+
+def chunk_backward(q, k, v, g, beta, s0, tinv, do, ds1, scale) -> ChunkGrads:
+    """One chunk, backward, from the cached inverse and entering state.
+
+    q, k [C, Dk], v [C, Dv], g, beta [C, 1], s0 [Dk, Dv] (state entering the
+    chunk), tinv [C, C] (cached), do [C, Dv], ds1 [Dk, Dv] (cotangent of the
+    chunk-end state). Returns ChunkGrads (ds0 is the cotangent of s0).
+    """
+    n = q.shape[0]
+    row, col = _row_col(n)
+    dec = chunk_decay(g)
+    intra = chunk_wy_factors(k, v, beta, dec, tinv)
+    new_values = intra.u - _dot(intra.w, s0)
+    p = chunk_attention(q, k, dec)
+    terms = chunk_cotangent_terms(q, p, do, dec, scale)
+    d_new, ds0 = chunk_state_cotangent_step(ds1, k, intra, terms)
+
+    # output o = scale ((q exp(Gam)) S0 + P E)
+    dp = jnp.where(row >= col, scale * _dot_nt(do, new_values), 0.0)
+    dp_dec = dp * dec.decay
+    do_s0 = _dot_nt(do, s0)                                   # [C, Dk]
+    dq = scale * dec.gam_exp * do_s0 + _dot(dp_dec, k)
+    dk = _dot_tn(dp_dec, q)
+    z_p = dp * p
+    dgam = (scale * dec.gam_exp * jnp.sum(q * do_s0, axis=1, keepdims=True)
+            + jnp.sum(z_p, axis=1, keepdims=True) - _col_sums_as_column(z_p))
+
+    # state S1 = exp(Gam_C) S0 + (k exp(Gam_C - Gam))^T E
+    e_ds1 = _dot_nt(new_values, ds1)                          # [C, Dk]
+    dk = dk + dec.tail * e_ds1
+    rho = dec.tail * jnp.sum(k * e_ds1, axis=1, keepdims=True)
+    d_last = dec.total * jnp.sum(s0 * ds1, keepdims=True) + jnp.sum(rho, keepdims=True)
+    last = lax.broadcasted_iota(jnp.int32, (n, 1), 0) == n - 1
+    dgam = dgam - rho + jnp.where(last, d_last, 0.0)
+
+    # E = u - w S0 with u = Tinv (beta v), w = Tinv (beta exp(Gam) k)
+    drhs_u = _dot_tn(tinv, d_new)                             # [C, Dv]
+    drhs_w = -_dot_tn(tinv, _dot_nt(d_new, s0))               # [C, Dk]
+    dv = beta * drhs_u
+    dbeta = jnp.sum(v * drhs_u, axis=1, keepdims=True)
+    k_drhs_w = dec.gam_exp * jnp.sum(k * drhs_w, axis=1, keepdims=True)
+    dk = dk + (beta * dec.gam_exp) * drhs_w
+    dbeta = dbeta + k_drhs_w
+    dgam = dgam + beta * k_drhs_w
+
+    # Tinv = (I + A)^-1:  dA = -Tinv^T dTinv Tinv^T = -(drhs_u u^T + drhs_w w^T)
+    da = jnp.where(row > col,
+                   -(_dot_nt(drhs_u, intra.u) + _dot_nt(drhs_w, intra.w)), 0.0)
+    # A = strict_lower(diag(beta) (K K^T) * D)
+    da_dec = da * dec.decay
+    dbeta = dbeta + jnp.sum(da_dec * _dot_nt(k, k), axis=1, keepdims=True)
+    m = beta * da_dec
+    dk = dk + _dot(m, k) + _dot_tn(m, k)
+    z_a = da * chunk_wy_matrix(k, beta, dec)
+    dgam = dgam + jnp.sum(z_a, axis=1, keepdims=True) - _col_sums_as_column(z_a)
+
+    return ChunkGrads(dq=dq, dk=dk, dv=dv, dg=_reverse_cumsum(dgam),
+                      dbeta=dbeta, ds0=ds0)

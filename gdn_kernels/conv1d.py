@@ -1,0 +1,76 @@
+"""Causal depthwise Conv1D + SiLU: forward and the decoupled backward.
+
+The backward is a plain-JAX shift-multiply, independent of the recurrence
+kernels ("decoupled"): it runs after the delta-rule backward, from the
+pre-activation recomputed from x.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def shift_right(x, s: int):
+    """x[:, t - s] along axis 1 with zeros before t = 0. x [B, T, C]."""
+    if s == 0:
+        return x
+    t = x.shape[1]
+    if s >= t:
+        return jnp.zeros_like(x)
+    pad = jnp.zeros(x.shape[:1] + (s,) + x.shape[2:], x.dtype)
+    return jnp.concatenate([pad, x[:, : t - s]], axis=1)
+
+
+def shift_left(x, s: int):
+    """x[:, t + s] along axis 1 with zeros past the end. x [B, T, C]."""
+    if s == 0:
+        return x
+    t = x.shape[1]
+    if s >= t:
+        return jnp.zeros_like(x)
+    pad = jnp.zeros(x.shape[:1] + (s,) + x.shape[2:], x.dtype)
+    return jnp.concatenate([x[:, s:], pad], axis=1)
+
+
+def conv1d_preactivation(x, weight):
+    """pre[b,t,c] = sum_j weight[j,c] * x[b, t-(K-1)+j, c].
+
+    x [B, T, C], weight [K, C], both already in the accumulation dtype.
+    Returns [B, T, C].
+    """
+    width = weight.shape[0]
+    pre = jnp.zeros_like(x)
+    for j in range(width):
+        pre = pre + weight[j] * shift_right(x, width - 1 - j)
+    return pre
+
+
+def silu_grad(z):
+    """d silu(z) / dz = sigmoid(z) (1 + z (1 - sigmoid(z)))."""
+    s = jax.nn.sigmoid(z)
+    return s * (1.0 + z * (1.0 - s))
+
+
+def conv1d_silu_forward(x, weight):
+    """y = silu(conv1d(x)). x [B, T, C], weight [K, C] -> (y, pre) [B, T, C]."""
+    pre = conv1d_preactivation(x, weight)
+    return jax.nn.silu(pre), pre
+
+
+def conv1d_silu_backward(x, weight, pre, dy):
+    """Cotangents of x [B, T, C] and weight [K, C] given dy [B, T, C].
+
+    dpre = dy * silu'(pre)
+    dx[b,s,c] = sum_j weight[j,c] * dpre[b, s+(K-1)-j, c]
+    dw[j,c]   = sum_{b,t} dpre[b,t,c] * x[b, t-(K-1)+j, c]
+    """
+    width = weight.shape[0]
+    dpre = dy * silu_grad(pre)
+    dx = jnp.zeros_like(dpre)
+    dw = []
+    for j in range(width):
+        s = width - 1 - j
+        dx = dx + weight[j] * shift_left(dpre, s)
+        dw.append(jnp.sum(dpre * shift_right(x, s), axis=(0, 1)))
+    return dx, jnp.stack(dw, axis=0)
