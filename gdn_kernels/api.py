@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from . import reference, validation
 from .backends import get_backend
 from .chunk_math import accumulation_dtype
+from .interpret import resolved_mode
 from .delta_rule import DeltaRuleConfig, chunked_delta_rule
 from .l2norm import DEFAULT_EPS
 from .mixer import MixerConfig, gdn_mixer
@@ -35,6 +36,11 @@ def _jitted_mixer(cfg: MixerConfig):
     return jax.jit(functools.partial(gdn_mixer, cfg))
 
 
+def _interpret_key(impl):
+    """The GDN_INTERPRET mode read now, so a changed mode never reuses a trace."""
+    return resolved_mode() if impl == "pallas" else "n/a"
+
+
 def _require_available(impl):
     """Raise NotImplementedError now, before tracing, for a missing backend."""
     if impl != "reference":
@@ -55,7 +61,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     if initial_state is None:
         bsz, hv, dk, dv = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
         initial_state = jnp.zeros((bsz, hv, dk, dv), accumulation_dtype(v.dtype))
-    cfg = DeltaRuleConfig(impl=impl, scale=scale, chunk_size=int(chunk_size))
+    cfg = DeltaRuleConfig(impl=impl, scale=scale, chunk_size=int(chunk_size),
+                          interpret=_interpret_key(impl))
     _require_available(impl)
     return _jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state)
 
@@ -76,6 +83,7 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
     cfg = MixerConfig(impl=impl, num_k_heads=int(num_k_heads),
                       num_v_heads=int(num_v_heads), head_k_dim=int(head_k_dim),
                       head_v_dim=int(head_v_dim), use_qk_norm=bool(use_qk_norm),
-                      eps=float(eps), scale=scale, chunk_size=int(chunk_size))
+                      eps=float(eps), scale=scale, chunk_size=int(chunk_size),
+                      interpret=_interpret_key(impl))
     _require_available(impl)
     return _jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias)

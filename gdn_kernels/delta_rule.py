@@ -16,6 +16,7 @@ class DeltaRuleConfig:
     impl: str
     scale: float
     chunk_size: int
+    interpret: str = "n/a"  # resolved GDN_INTERPRET mode (pallas): part of the jit cache key
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -32,6 +32,7 @@ class MixerConfig:
     eps: float
     scale: float
     chunk_size: int
+    interpret: str = "n/a"  # resolved GDN_INTERPRET mode (pallas): part of the jit cache key
 
 
 class Prologue(NamedTuple):
