@@ -99,8 +99,11 @@ def chunk_decay(g):
     lower = row >= col
     tri = lower.astype(g.dtype)
     gam = _dot(tri, g)                                        # [C, 1]
-    # Gam as a row [1, C]: sum_i g_i [i <= j] over axis 0.
-    gam_row = jnp.sum(jnp.where(row <= col, g, 0.0), axis=0, keepdims=True)
+    # The same Gam as a row [1, C] (a transpose without a transpose op: one
+    # nonzero per column, so bitwise equal to the column). Summing g again in
+    # another order would make Gam_i - Gam_i != 0 on the diagonal, a 1e-4
+    # relative error there when |Gam| ~ 1e3 (strong decay).
+    gam_row = jnp.sum(jnp.where(row == col, gam, 0.0), axis=0, keepdims=True)
     diff = jnp.where(lower, gam - gam_row, 0.0)               # mask BEFORE exp
     decay = jnp.where(lower, jnp.exp(diff), 0.0)
     gam_last = jnp.sum(g, axis=0, keepdims=True)              # [1, 1]
