@@ -106,7 +106,9 @@ def chunk_decay(g):
     gam_row = jnp.sum(jnp.where(row == col, gam, 0.0), axis=0, keepdims=True)
     diff = jnp.where(lower, gam - gam_row, 0.0)               # mask BEFORE exp
     decay = jnp.where(lower, jnp.exp(diff), 0.0)
-    gam_last = jnp.sum(g, axis=0, keepdims=True)              # [1, 1]
+    # Gam_C taken from the same column (summing g again would make the last
+    # token's tail factor exp(Gam_C - Gam_C) differ from 1).
+    gam_last = jnp.sum(jnp.where(row[:, :1] == n - 1, gam, 0.0), axis=0, keepdims=True)
     return ChunkDecay(gam=gam, decay=decay, gam_exp=jnp.exp(gam),
                       tail=jnp.exp(gam_last - gam), total=jnp.exp(gam_last))
 
