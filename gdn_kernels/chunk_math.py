@@ -91,26 +91,53 @@ class ChunkDecay(NamedTuple):
     total: jnp.ndarray
 
 
+# Grid of the exactly-summable high part of g (see split_log_decay).
+_DECAY_GRID = 64.0
+
+
+def split_log_decay(g):
+    """g = hi + lo with hi on a 1/64 grid and |lo| <= 1/128, both exact.
+
+    Cumulative sums of hi are exact in float32 in any summation order (every
+    partial sum is a multiple of 1/64 far below 2^18), so differences
+    Gam_i - Gam_j of the hi parts are exact and only the small lo parts
+    round. A plain float32 cumsum would lose ulp(|Gam|) ~ 1e-4 absolute in
+    every exponent Gam_i - Gam_j once |Gam| ~ 1e3 (strong decay earlier in
+    the chunk), i.e. a 1e-4 relative error in decay factors of order one.
+    """
+    hi = jnp.floor(g * _DECAY_GRID + 0.5) * (1.0 / _DECAY_GRID)
+    return hi, g - hi
+
+
 def chunk_decay(g):
-    """Cumulative log decay by a triangular-mask matmul (cumsum does not
-    lower for TPU). g: [C, 1] (g <= 0). Returns ChunkDecay."""
+    """Cumulative log decay by triangular-mask matmuls (cumsum does not lower
+    for TPU). g: [C, 1] (g <= 0). Returns ChunkDecay.
+
+    Every exponent that enters exp() is a difference of cumulative sums,
+    formed as (exact hi difference) + (small lo difference)."""
     n = g.shape[0]
     row, col = _row_col(n)
     lower = row >= col
     tri = lower.astype(g.dtype)
-    gam = _dot(tri, g)                                        # [C, 1]
-    # The same Gam as a row [1, C] (a transpose without a transpose op: one
-    # nonzero per column, so bitwise equal to the column). Summing g again in
-    # another order would make Gam_i - Gam_i != 0 on the diagonal, a 1e-4
-    # relative error there when |Gam| ~ 1e3 (strong decay).
-    gam_row = jnp.sum(jnp.where(row == col, gam, 0.0), axis=0, keepdims=True)
-    diff = jnp.where(lower, gam - gam_row, 0.0)               # mask BEFORE exp
+    diag = row == col
+    last = row[:, :1] == n - 1
+
+    def cumulative(part):
+        column = _dot(tri, part)                                       # [C, 1]
+        # the same values as a row [1, C]: one nonzero per column, exact
+        row_form = jnp.sum(jnp.where(diag, column, 0.0), axis=0, keepdims=True)
+        final = jnp.sum(jnp.where(last, column, 0.0), axis=0, keepdims=True)
+        return column, row_form, final
+
+    hi, lo = split_log_decay(g)
+    hi_col, hi_row, hi_last = cumulative(hi)
+    lo_col, lo_row, lo_last = cumulative(lo)
+    diff = jnp.where(lower, (hi_col - hi_row) + (lo_col - lo_row), 0.0)  # mask BEFORE exp
     decay = jnp.where(lower, jnp.exp(diff), 0.0)
-    # Gam_C taken from the same column (summing g again would make the last
-    # token's tail factor exp(Gam_C - Gam_C) differ from 1).
-    gam_last = jnp.sum(jnp.where(row[:, :1] == n - 1, gam, 0.0), axis=0, keepdims=True)
-    return ChunkDecay(gam=gam, decay=decay, gam_exp=jnp.exp(gam),
-                      tail=jnp.exp(gam_last - gam), total=jnp.exp(gam_last))
+    gam = hi_col + lo_col
+    tail = jnp.exp((hi_last - hi_col) + (lo_last - lo_col))
+    return ChunkDecay(gam=gam, decay=decay, gam_exp=jnp.exp(gam), tail=tail,
+                      total=jnp.exp(hi_last + lo_last))
 
 
 # --------------------------------------------------------------------------
@@ -303,17 +330,25 @@ def chunk_backward(q, k, v, g, beta, s0, tinv, do, ds1, scale) -> ChunkGrads:
     do_s0 = _dot_nt(do, s0)                                   # [C, Dk]
     dq = scale * dec.gam_exp * do_s0 + _dot(dp_dec, k)
     dk = _dot_tn(dp_dec, q)
-    z_p = dp * p
+    # The diagonal D_ii = exp(0) has no g-dependence: leave it out, or its O(1)
+    # terms swamp the e^g-small off-diagonal ones in rowsum - colsum.
+    z_p = jnp.where(row > col, dp * p, 0.0)
     dgam = (scale * dec.gam_exp * jnp.sum(q * do_s0, axis=1, keepdims=True)
             + jnp.sum(z_p, axis=1, keepdims=True) - _col_sums_as_column(z_p))
 
     # state S1 = exp(Gam_C) S0 + (k exp(Gam_C - Gam))^T E
     e_ds1 = _dot_nt(new_values, ds1)                          # [C, Dk]
     dk = dk + dec.tail * e_ds1
-    rho = dec.tail * jnp.sum(k * e_ds1, axis=1, keepdims=True)
-    d_last = dec.total * jnp.sum(s0 * ds1, keepdims=True) + jnp.sum(rho, keepdims=True)
+    # d/dGam_C of exp(Gam_C) S0 reaches every g_s of the chunk; put it on the
+    # last token before the reverse cumsum.
     last = lax.broadcasted_iota(jnp.int32, (n, 1), 0) == n - 1
-    dgam = dgam - rho + jnp.where(last, d_last, 0.0)
+    dgam = dgam + jnp.where(last, dec.total * jnp.sum(s0 * ds1, keepdims=True), 0.0)
+    # tail_j = exp(sum_{s>j} g_s): its cotangent rho_j reaches g_s for s > j,
+    # added directly as an exclusive prefix sum. (Writing it as +sum(rho) at
+    # Gam_C and -rho_j at Gam_j, then reverse-cumsumming, cancels O(1) terms
+    # down to an e^-100-small true gradient under strong decay.)
+    rho = dec.tail * jnp.sum(k * e_ds1, axis=1, keepdims=True)
+    dg_tail = _dot((row > col).astype(rho.dtype), rho)
 
     # E = u - w S0 with u = Tinv (beta v), w = Tinv (beta exp(Gam) k)
     drhs_u = _dot_tn(tinv, d_new)                             # [C, Dv]
@@ -336,5 +371,5 @@ def chunk_backward(q, k, v, g, beta, s0, tinv, do, ds1, scale) -> ChunkGrads:
     z_a = da * chunk_wy_matrix(k, beta, dec)
     dgam = dgam + jnp.sum(z_a, axis=1, keepdims=True) - _col_sums_as_column(z_a)
 
-    return ChunkGrads(dq=dq, dk=dk, dv=dv, dg=_reverse_cumsum(dgam),
+    return ChunkGrads(dq=dq, dk=dk, dv=dv, dg=_reverse_cumsum(dgam) + dg_tail,
                       dbeta=dbeta, ds0=ds0)
