@@ -1,0 +1,136 @@
+"""Cases as plain data: frozen, JSON-serialisable descriptions of one example.
+
+A case holds shapes, dtypes, regimes and a seed, never arrays; `build_*`
+functions turn it into numpy arrays deterministically. A shrunk
+counterexample is therefore a few lines of JSON, and Hypothesis shrinks the
+structure (shapes, regimes) rather than floating-point noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class NearZeroRow:
+    """One q or k row forced to (near) zero at the L2-norm input.
+
+    which: "q" or "k"; batch, token, head: its position (key head);
+    magnitude: 0.0 for an exactly zero row, else the target row norm.
+    """
+    which: str
+    batch: int
+    token: int
+    head: int
+    magnitude: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaRuleCase:
+    """One gated_delta_rule example (inputs q, k, v, g, beta, initial_state).
+
+    key_norm: row norm of k (and q); beta * key_norm**2 <= 2 is a stable
+    (contractive) recurrence. gate_regime / beta_regime: see
+    strategies.regimes. zero_rows: (which, batch, token, key head) rows of q
+    or k set to exactly zero.
+    """
+    batch: int
+    seq_len: int
+    k_heads: int
+    group: int
+    dk: int
+    dv: int
+    chunk: int
+    dtype: str
+    state_dtype: str
+    seed: int
+    has_initial_state: bool = True
+    gate_regime: str = "ordinary"
+    beta_regime: str = "ordinary"
+    key_norm: float = 1.0
+    zero_rows: Tuple[Tuple[str, int, int, int], ...] = ()
+
+    @property
+    def v_heads(self) -> int:
+        return self.k_heads * self.group
+
+    @property
+    def stable(self) -> bool:
+        """beta * |k|^2 <= 2 everywhere (beta < 1 by construction)."""
+        return self.key_norm ** 2 <= 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerCase:
+    """One gdn_decoupled_conv1d example (x, conv_weight, a, b, a_log, dt_bias).
+
+    a_log_shape / dt_bias_shape: the parameter shapes ([Hv], [B', Hv] or
+    [B', T', Hv], size-1 axes broadcast). param_dtype: dtype of conv_weight,
+    a_log and dt_bias (float32 or the activation dtype).
+    """
+    batch: int
+    seq_len: int
+    k_heads: int
+    group: int
+    dk: int
+    dv: int
+    chunk: int
+    conv_width: int
+    dtype: str
+    param_dtype: str
+    a_log_shape: Tuple[int, ...]
+    dt_bias_shape: Tuple[int, ...]
+    seed: int
+    use_qk_norm: bool = True
+    eps: float = 1e-6
+    gate_regime: str = "ordinary"
+    beta_regime: str = "ordinary"
+    near_zero: Tuple[NearZeroRow, ...] = ()
+
+    @property
+    def v_heads(self) -> int:
+        return self.k_heads * self.group
+
+    @property
+    def channels(self) -> int:
+        return 2 * self.k_heads * self.dk + self.v_heads * self.dv
+
+
+CASE_TYPES = {"DeltaRuleCase": DeltaRuleCase, "MixerCase": MixerCase}
+
+
+def case_to_json(case) -> dict:
+    """Plain-JSON form: {"type": ..., "fields": {...}}."""
+    return {"type": type(case).__name__, "fields": dataclasses.asdict(case)}
+
+
+def _tuplify(value):
+    if isinstance(value, list):
+        return tuple(_tuplify(v) for v in value)
+    return value
+
+
+def case_from_json(data: dict):
+    """Inverse of case_to_json."""
+    cls = CASE_TYPES[data["type"]]
+    fields = dict(data["fields"])
+    if cls is MixerCase:
+        fields["near_zero"] = tuple(NearZeroRow(**r) for r in fields.get("near_zero", ()))
+        fields["a_log_shape"] = tuple(fields["a_log_shape"])
+        fields["dt_bias_shape"] = tuple(fields["dt_bias_shape"])
+    else:
+        fields["zero_rows"] = _tuplify(fields.get("zero_rows", []))
+    return cls(**fields)
+
+
+def case_repr(case) -> str:
+    """One line of JSON, for failure reports."""
+    return json.dumps(case_to_json(case), sort_keys=True)
+
+
+def replace(case, **changes):
+    """dataclasses.replace, re-exported for properties that derive cases."""
+    return dataclasses.replace(case, **changes)
+

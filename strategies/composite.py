@@ -1,0 +1,118 @@
+"""Composite case strategies: delta_rule_cases and mixer_cases.
+
+Shapes, dtypes and static arguments come jointly from the all-pairs lattice
+(strategies.lattice), so compiles stay bounded; seeds, regimes and
+near-zero rows are drawn freely. Every knob is a keyword so properties
+narrow a strategy (one dtype, only near-zero rows...) by filtering the
+lattice, not by rejecting examples.
+"""
+
+from __future__ import annotations
+
+from hypothesis import event
+from hypothesis import strategies as st
+
+from . import lattice, regimes
+from .cases import DeltaRuleCase, MixerCase, NearZeroRow
+
+SEEDS = st.integers(0, 2**31 - 1)
+
+# Norms that span sqrt(eps) = 1e-3 at the default eps = 1e-6.
+TINY_NORMS = (1e-8, 1e-6, 1e-4, 1e-3, 3e-3, 1e-2)
+
+
+def _geometries(rows, knobs, where):
+    names = list(knobs)
+    picked = [r for r in rows if where(dict(zip(names, r)))]
+    if not picked:
+        raise ValueError("no lattice geometry satisfies the filter")
+    return st.sampled_from(picked).map(lambda r: dict(zip(names, r)))
+
+
+def _event_geometry(geo, length):
+    event(f"T={geo['length']} (C={geo['chunk']})")
+    event(f"dtypes {geo['dtypes'][0]}/{geo['dtypes'][1]}")
+    hk, group, dk, dv = geo["layout"]
+    event(f"G={group}; Dk{'=' if dk == dv else '!='}Dv")
+
+
+@st.composite
+def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
+                     beta_regimes=regimes.BETA_REGIMES, stable=True, zero_rows=None):
+    """A DeltaRuleCase from the gated_delta_rule lattice.
+
+    where: filter on the geometry dict (keys of lattice.DELTA_KNOBS).
+    stable=True: unit keys, beta |k|^2 <= 1; stable=False: |k|^2 in 2.6..4
+    (expanding recurrence) and T <= 2C+1. zero_rows: None draws 0..2
+    all-zero q/k rows, True forces at least one, False none."""
+    if not stable:
+        base = where
+        where = lambda geo: base(geo) and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1  # noqa: E731
+    geo = draw(_geometries(lattice.delta_geometries(), lattice.DELTA_KNOBS, where))
+    chunk = geo["chunk"]
+    seq_len = lattice.seq_len(geo["length"], chunk)
+    hk, group, dk, dv = geo["layout"]
+    batch = geo["batch"]
+    n_zero = draw(st.integers(1 if zero_rows else 0, 0 if zero_rows is False else 2))
+    rows = tuple(draw(st.tuples(st.sampled_from(("q", "k")), st.integers(0, batch - 1),
+                                st.integers(0, seq_len - 1), st.integers(0, hk - 1)))
+                 for _ in range(n_zero))
+    case = DeltaRuleCase(
+        batch=batch, seq_len=seq_len, k_heads=hk, group=group, dk=dk, dv=dv,
+        chunk=chunk, dtype=geo["dtypes"][0], state_dtype=geo["dtypes"][1],
+        seed=draw(SEEDS), has_initial_state=geo["initial_state"],
+        gate_regime=draw(st.sampled_from(gate_regimes)),
+        beta_regime=draw(st.sampled_from(beta_regimes)),
+        key_norm=1.0 if stable else draw(st.sampled_from((1.6, 1.8, 2.0))),
+        zero_rows=rows)
+    _event_geometry(geo, seq_len)
+    event(f"gate regime {case.gate_regime}; beta regime {case.beta_regime}")
+    return case
+
+
+@st.composite
+def near_zero_rows(draw, batch, seq_len, k_heads, *, min_rows=0, max_rows=2,
+                   exact_only=False):
+    """0..max_rows q/k rows made (near) zero at the L2-norm input."""
+    n = draw(st.integers(min_rows, max_rows))
+    rows = []
+    for _ in range(n):
+        magnitude = 0.0 if exact_only else draw(st.sampled_from((0.0,) + TINY_NORMS))
+        rows.append(NearZeroRow(which=draw(st.sampled_from(("q", "k"))),
+                                batch=draw(st.integers(0, batch - 1)),
+                                token=draw(st.integers(0, seq_len - 1)),
+                                head=draw(st.integers(0, k_heads - 1)),
+                                magnitude=magnitude))
+        event("near-zero row: " + ("exact zero" if magnitude == 0 else "tiny"))
+    return tuple(rows)
+
+
+@st.composite
+def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
+                beta_regimes=regimes.BETA_REGIMES, near_zero=None, eps_values=(1e-6,)):
+    """A MixerCase from the mixer lattice.
+
+    where: filter on the geometry dict (keys of lattice.MIXER_KNOBS).
+    near_zero: None draws 0..2 (near-)zero q/k rows, True forces >= 1,
+    False none. eps_values: the QK-norm eps values to draw from."""
+    geo = draw(_geometries(lattice.mixer_geometries(), lattice.MIXER_KNOBS, where))
+    chunk = geo["chunk"]
+    seq_len = lattice.seq_len(geo["length"], chunk)
+    hk, group, dk, dv = geo["layout"]
+    batch = geo["batch"]
+    hv = hk * group
+    rows = draw(near_zero_rows(batch, seq_len, hk, min_rows=1 if near_zero else 0,
+                               max_rows=0 if near_zero is False else 2))
+    case = MixerCase(
+        batch=batch, seq_len=seq_len, k_heads=hk, group=group, dk=dk, dv=dv,
+        chunk=chunk, conv_width=geo["conv_width"],
+        dtype=geo["dtypes"][0], param_dtype=geo["dtypes"][1],
+        a_log_shape=lattice.param_shape(geo["a_log"], batch, seq_len, hv),
+        dt_bias_shape=lattice.param_shape(geo["dt_bias"], batch, seq_len, hv),
+        seed=draw(SEEDS), use_qk_norm=geo["qk_norm"],
+        eps=draw(st.sampled_from(eps_values)),
+        gate_regime=draw(st.sampled_from(gate_regimes)),
+        beta_regime=draw(st.sampled_from(beta_regimes)), near_zero=rows)
+    _event_geometry(geo, seq_len)
+    event(f"a_log {geo['a_log']}; dt_bias {geo['dt_bias']}; qk_norm={geo['qk_norm']}")
+    return case

@@ -1,0 +1,86 @@
+"""Arrays from cases: deterministic numpy builders (a case's seed fixes every
+value). Arrays are returned as numpy in the case's dtypes (bfloat16 via
+ml_dtypes, as shipped with jax)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from . import regimes
+from .cases import DeltaRuleCase, MixerCase
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float64": np.float64}
+
+
+def np_dtype(name: str):
+    return DTYPES[name]
+
+
+def _rows_with_norm(rng, shape, norm: float) -> np.ndarray:
+    x = rng.standard_normal(shape)
+    return norm * x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def delta_rule_inputs(case: DeltaRuleCase) -> dict:
+    """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
+    initial_state [B, Hv, Dk, Dv] or None. q, k rows have norm key_norm."""
+    rng = np.random.default_rng(case.seed)
+    b, t, hk, hv = case.batch, case.seq_len, case.k_heads, case.v_heads
+    q = _rows_with_norm(rng, (b, t, hk, case.dk), 1.0)
+    k = _rows_with_norm(rng, (b, t, hk, case.dk), case.key_norm)
+    for which, bi, ti, hi in case.zero_rows:
+        (q if which == "q" else k)[bi, ti, hi] = 0.0
+    v = rng.standard_normal((b, t, hv, case.dv))
+    g = regimes.log_decay(rng, (b, t, hv), case.gate_regime)
+    beta = regimes.beta_values(rng, (b, t, hv), case.beta_regime)
+    s0 = rng.standard_normal((b, hv, case.dk, case.dv)) if case.has_initial_state else None
+    act = np_dtype(case.dtype)
+    out = {n: x.astype(act) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
+    out["g"] = np.minimum(out["g"], 0).astype(act)  # rounding must keep g <= 0
+    out["initial_state"] = None if s0 is None else s0.astype(np_dtype(case.state_dtype))
+    return out
+
+
+def _zero_window(x, case: MixerCase, row) -> None:
+    """Make the post-Conv1D+SiLU q/k row `row` exactly zero (magnitude 0) or
+    tiny: zero x on the K taps feeding that token for the row's channels,
+    then (tiny case) put back a small ramp so the row norm is ~magnitude."""
+    offset = 0 if row.which == "q" else case.k_heads * case.dk
+    c0 = offset + row.head * case.dk
+    t0 = max(0, row.token - case.conv_width + 1)
+    x[row.batch, t0:row.token + 1, c0:c0 + case.dk] = 0.0
+    if row.magnitude > 0:
+        # conv taps of the last token only see x[token]; silu(z) ~ z/2 near 0
+        x[row.batch, row.token, c0:c0 + case.dk] = row.magnitude
+
+
+def mixer_inputs(case: MixerCase) -> dict:
+    """x [B, T, C], conv_weight [K, C], a, b [B, T, Hv], a_log, dt_bias."""
+    rng = np.random.default_rng(case.seed)
+    bsz, t, hv = case.batch, case.seq_len, case.v_heads
+    x = rng.standard_normal((bsz, t, case.channels))
+    if not case.use_qk_norm:
+        # keep |k|^2 small so beta |k|^2 <= 2: the recurrence stays stable
+        x[..., : 2 * case.k_heads * case.dk] *= 0.5 / np.sqrt(case.dk)
+    weight = rng.uniform(-1.0, 1.0, size=(case.conv_width, case.channels)) / np.sqrt(case.conv_width)
+    for row in case.near_zero:
+        _zero_window(x, case, row)
+    if any(r.magnitude > 0 for r in case.near_zero):
+        # the last tap must carry the tiny row; give it weight 1 on those channels
+        for row in case.near_zero:
+            offset = 0 if row.which == "q" else case.k_heads * case.dk
+            c0 = offset + row.head * case.dk
+            weight[-1, c0:c0 + case.dk] = np.where(row.magnitude > 0, 1.0, weight[-1, c0:c0 + case.dk])
+    a, a_log, dt_bias = regimes.gate_inputs(rng, (bsz, t, hv), case.a_log_shape,
+                                            case.dt_bias_shape, case.gate_regime)
+    b = regimes.beta_logits(rng, (bsz, t, hv), case.beta_regime)
+    act, par = np_dtype(case.dtype), np_dtype(case.param_dtype)
+    return {"x": x.astype(act), "conv_weight": weight.astype(par), "a": a.astype(act),
+            "b": b.astype(act), "a_log": a_log.astype(par), "dt_bias": dt_bias.astype(par)}
+
+
+def cotangent(seed: int, shape, dtype=np.float64) -> np.ndarray:
+    """A random cotangent, deterministic in (seed, shape)."""
+    rng = np.random.default_rng([seed, 7919] + list(shape))
+    return rng.standard_normal(shape).astype(dtype)

@@ -1,0 +1,119 @@
+"""The bounded lattice every shape is drawn from, so that compile counts stay
+bounded.
+
+Values, seeds, gate regimes and near-zero rows never change a compiled
+shape; shapes, dtypes and static arguments do. So every shape-changing knob
+is drawn jointly as one GEOMETRY from a fixed list that covers every PAIR of
+knob values at least once (all-pairs / pairwise covering, built greedily and
+deterministically below). Compiles are then bounded by the list length,
+while each value of each knob, and each pair of values, is still exercised.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Dict, List, Sequence, Tuple
+
+CHUNK_SIZES = (16, 32, 64)
+BATCHES = (1, 2)
+CONV_WIDTHS = (4, 2)
+
+# (k_heads, group, dk, dv): Hv = k_heads * group value heads.
+HEAD_LAYOUTS = (
+    (1, 1, 16, 16),   # plain
+    (1, 2, 16, 8),    # GVA, Dk > Dv
+    (2, 2, 8, 16),    # GVA, several key heads, Dk < Dv
+    (1, 4, 8, 8),     # G = 4
+    (2, 1, 16, 24),   # Dv not a power of two
+)
+
+# Sequence-length kinds relative to the chunk size C.
+LENGTH_KINDS = ("1", "C-1", "C", "C+1", "2C-1", "2C+1", "3C+5", "free")
+FREE_LENGTHS = {16: 23, 32: 50, 64: 7}   # on no boundary of that chunk size
+
+# a_log / dt_bias shape kinds: rank and which axes broadcast.
+PARAM_KINDS = ("[Hv]", "[1,Hv]", "[B,Hv]", "[B,1,Hv]", "[1,T,Hv]", "[B,T,Hv]", "[1,1,Hv]")
+
+# (activation dtype, parameter/state dtype)
+DTYPE_PAIRS = (("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"))
+
+
+def boundary_lengths(chunk: int) -> tuple:
+    """Lengths on and around chunk boundaries: 1, C-1, C, C+1, 2C-1, 2C+1, 3C+5."""
+    return (1, chunk - 1, chunk, chunk + 1, 2 * chunk - 1, 2 * chunk + 1, 3 * chunk + 5)
+
+
+def seq_len(kind: str, chunk: int) -> int:
+    """The sequence length of a LENGTH_KINDS entry for chunk size C."""
+    if kind == "free":
+        return FREE_LENGTHS[chunk]
+    return boundary_lengths(chunk)[LENGTH_KINDS.index(kind)]
+
+
+def param_shape(kind: str, batch: int, length: int, v_heads: int) -> Tuple[int, ...]:
+    """The concrete shape of a PARAM_KINDS entry."""
+    return {"[Hv]": (v_heads,), "[1,Hv]": (1, v_heads), "[B,Hv]": (batch, v_heads),
+            "[B,1,Hv]": (batch, 1, v_heads), "[1,T,Hv]": (1, length, v_heads),
+            "[B,T,Hv]": (batch, length, v_heads), "[1,1,Hv]": (1, 1, v_heads)}[kind]
+
+
+def all_pairs(knobs: Dict[str, Sequence]) -> List[Dict]:
+    """A deterministic greedy pairwise covering: every pair of values of every
+    two knobs appears in at least one returned row. Row 0 takes each knob's
+    first value (the simplest geometry, where shrinking goes)."""
+    names = list(knobs)
+    uncovered = {(a, va, b, vb)
+                 for a, b in itertools.combinations(names, 2)
+                 for va in knobs[a] for vb in knobs[b]}
+    rows = []
+    first = {n: knobs[n][0] for n in names}
+
+    def gain(row):
+        return sum((a, row[a], b, row[b]) in uncovered
+                   for a, b in itertools.combinations(names, 2))
+
+    def add(row):
+        rows.append(row)
+        for a, b in itertools.combinations(names, 2):
+            uncovered.discard((a, row[a], b, row[b]))
+
+    add(first)
+    while uncovered:
+        a, va, b, vb = min(uncovered, key=lambda u: (names.index(u[0]), names.index(u[2]),
+                                                     knobs[u[0]].index(u[1]),
+                                                     knobs[u[2]].index(u[3])))
+        row = {a: va, b: vb}
+        for n in names:                       # fill the rest greedily
+            if n in row:
+                continue
+            best = max(knobs[n], key=lambda v: (gain({**row, n: v, **{m: row.get(m, knobs[m][0])
+                                                                    for m in names if m not in row and m != n}}),
+                                                -knobs[n].index(v)))
+            row[n] = best
+        add(row)
+    return rows
+
+
+MIXER_KNOBS = {
+    "chunk": CHUNK_SIZES, "length": LENGTH_KINDS, "layout": HEAD_LAYOUTS,
+    "batch": BATCHES, "conv_width": CONV_WIDTHS, "dtypes": DTYPE_PAIRS,
+    "a_log": PARAM_KINDS, "dt_bias": PARAM_KINDS, "qk_norm": (True, False),
+}
+
+DELTA_KNOBS = {
+    "chunk": CHUNK_SIZES, "length": LENGTH_KINDS, "layout": HEAD_LAYOUTS,
+    "batch": BATCHES, "dtypes": DTYPE_PAIRS, "initial_state": (True, False),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def mixer_geometries() -> Tuple[Tuple, ...]:
+    """The mixer lattice: tuples in MIXER_KNOBS order."""
+    return tuple(tuple(r[n] for n in MIXER_KNOBS) for r in all_pairs(MIXER_KNOBS))
+
+
+@functools.lru_cache(maxsize=None)
+def delta_geometries() -> Tuple[Tuple, ...]:
+    """The gated_delta_rule lattice: tuples in DELTA_KNOBS order."""
+    return tuple(tuple(r[n] for n in DELTA_KNOBS) for r in all_pairs(DELTA_KNOBS))

@@ -1,0 +1,70 @@
+"""Counterexample files: the shrunk failing case of a property, written as
+counterexamples/<property>-<hash>.json, and replayed by
+`gdn-verify replay FILE [--target MODULE[:IMPL]]`."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from typing import Optional
+
+from strategies.cases import case_from_json, case_to_json
+
+DIRECTORY_ENV = "GDN_COUNTEREXAMPLES"
+
+
+def directory() -> str:
+    return os.environ.get(DIRECTORY_ENV, "counterexamples")
+
+
+def _versions() -> dict:
+    import hypothesis
+    import jax
+    import jaxlib
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "hypothesis": hypothesis.__version__, "python": platform.python_version()}
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write(prop: str, case, target: str, profile: str, rows, table: str,
+          folder: Optional[str] = None) -> str:
+    """Write one counterexample file; returns its path."""
+    case_json = case_to_json(case)
+    key = json.dumps({"case": case_json, "target": target}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    folder = folder or directory()
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{prop}-{digest}.json")
+    record = {
+        "property": prop, "case": case_json, "target": target, "profile": profile,
+        "error_table": [r.to_json() for r in rows], "error_table_text": table,
+        "versions": _versions(), "git_commit": _git_commit(),
+        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    }
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2, default=str)
+    return path
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        record = json.load(f)
+    record["case_obj"] = case_from_json(record["case"])
+    return record
+
+
+def replay_command(path: str) -> str:
+    return f"gdn-verify replay {path}"

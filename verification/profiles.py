@@ -1,0 +1,68 @@
+"""Hypothesis profiles of the suite.
+
+dev      default: a few minutes; the local example database (.hypothesis/) is
+         on, plus a shared read-only database when one is configured, so a
+         failure found before replays first.
+ci       derandomized, more examples, print_blob=True, no database.
+nightly  many examples, random seeds, target()-guided search for the
+         largest error / bound ratio.
+repro    replays only the stored examples (explicit @example rows and the
+         example database); generates nothing.
+Selected by --hypothesis-profile NAME or the GDN_PROFILE environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+ENV_VAR = "GDN_PROFILE"
+DEFAULT = "dev"
+PROFILES = ("dev", "ci", "nightly", "repro")
+
+# Examples per property in each profile (scaled per property by `weight`).
+EXAMPLES = {"dev": 8, "ci": 60, "nightly": 400, "repro": 0}
+
+_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large,
+             HealthCheck.function_scoped_fixture]
+
+
+def local_database_dir() -> str:
+    return os.environ.get("GDN_HYPOTHESIS_DB", ".hypothesis/examples")
+
+
+def dev_database():
+    """The local database, multiplexed with a shared read-only database when
+    available (see verification.shared_db)."""
+    from .shared_db import database_for_dev
+    return database_for_dev(DirectoryBasedExampleDatabase(local_database_dir()))
+
+
+def register_profiles() -> None:
+    settings.register_profile(
+        "dev", max_examples=EXAMPLES["dev"], deadline=None,
+        suppress_health_check=_SUPPRESS, database=dev_database(),
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink, Phase.explain])
+    settings.register_profile(
+        "ci", max_examples=EXAMPLES["ci"], deadline=None, derandomize=True,
+        print_blob=True, database=None, suppress_health_check=_SUPPRESS,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink])
+    settings.register_profile(
+        "nightly", max_examples=EXAMPLES["nightly"], deadline=None,
+        suppress_health_check=_SUPPRESS, print_blob=True,
+        database=DirectoryBasedExampleDatabase(local_database_dir()),
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target,
+                Phase.shrink, Phase.explain])
+    settings.register_profile(
+        "repro", max_examples=1, deadline=None, suppress_health_check=_SUPPRESS,
+        database=DirectoryBasedExampleDatabase(local_database_dir()),
+        phases=[Phase.explicit, Phase.reuse])
+
+
+def selected_profile() -> str:
+    name = os.environ.get(ENV_VAR, DEFAULT)
+    if name not in PROFILES:
+        raise ValueError(f"{ENV_VAR} must be one of {PROFILES}, got {name!r}")
+    return name

@@ -1,0 +1,206 @@
+"""Run a target or the oracle on a case: forward outputs and VJPs, through
+jitted callables cached per (function, static arguments) at module level,
+so a shape seen before never compiles again. Counts XLA compiles."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Callable, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gdn_kernels import api as reference_api
+from strategies import cotangent, delta_rule_inputs, mixer_inputs
+from strategies.cases import DeltaRuleCase, MixerCase
+
+from .targets import Target
+
+DELTA_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
+MIXER_INPUTS = ("x", "conv_weight", "a", "b", "a_log", "dt_bias")
+
+# -------------------------------------------------------------- compile count
+_compiles = {"n": 0}
+_lock = threading.Lock()
+
+
+def _on_event(event: str, duration: float, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        with _lock:
+            _compiles["n"] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def compile_count() -> int:
+    """XLA backend compiles so far in this process."""
+    return _compiles["n"]
+
+
+# -------------------------------------------------------------- static args
+def delta_static(case: DeltaRuleCase) -> Tuple:
+    return (("chunk_size", case.chunk),)
+
+
+def mixer_static(case: MixerCase) -> Tuple:
+    return (("num_k_heads", case.k_heads), ("num_v_heads", case.v_heads),
+            ("head_k_dim", case.dk), ("head_v_dim", case.dv),
+            ("use_qk_norm", case.use_qk_norm), ("eps", case.eps),
+            ("chunk_size", case.chunk))
+
+
+# -------------------------------------------------------------- runners
+@functools.lru_cache(maxsize=None)
+def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool):
+    """jit((arrays, cotangents) -> (outputs, grads)) for one op."""
+    kw = dict(static)
+
+    if op == "delta":
+        def call(*arrays):
+            if has_state:
+                *act, s0 = arrays
+                return fn(*act, initial_state=s0, **kw)
+            return fn(*arrays, **kw)
+    else:
+        def call(*arrays):
+            return fn(*arrays, **kw)
+
+    def run(arrays, cts):
+        out, pullback = jax.vjp(call, *arrays)
+        outs = out if isinstance(out, tuple) else (out,)
+        cts = tuple(c.astype(o.dtype) for c, o in zip(cts, outs))
+        return out, pullback(cts if isinstance(out, tuple) else cts[0])
+
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_runner(fn: Callable, op: str, static: Tuple, has_state: bool):
+    kw = dict(static)
+    if op == "delta" and has_state:
+        return jax.jit(lambda *a: fn(*a[:-1], initial_state=a[-1], **kw))
+    return jax.jit(lambda *a: fn(*a, **kw))
+
+
+def _target_fn(target: Target, op: str):
+    return target.gated_delta_rule if op == "delta" else target.gdn_decoupled_conv1d
+
+
+def _oracle_fn(op: str):
+    if op == "delta":
+        return functools.partial(reference_api.gated_delta_rule, impl="reference")
+    return functools.partial(reference_api.gdn_decoupled_conv1d, impl="reference")
+
+
+_ORACLE_FNS = {"delta": _oracle_fn("delta"), "mixer": _oracle_fn("mixer")}
+
+
+# -------------------------------------------------------------- inputs
+def case_op(case) -> str:
+    return "delta" if isinstance(case, DeltaRuleCase) else "mixer"
+
+
+def case_inputs(case) -> Dict[str, np.ndarray]:
+    """Named numpy inputs of a case (initial_state dropped when None)."""
+    if isinstance(case, DeltaRuleCase):
+        inputs = delta_rule_inputs(case)
+        if inputs["initial_state"] is None:
+            del inputs["initial_state"]
+        return inputs
+    return mixer_inputs(case)
+
+
+def _static(case) -> Tuple:
+    return delta_static(case) if isinstance(case, DeltaRuleCase) else mixer_static(case)
+
+
+def output_names(case) -> Tuple[str, ...]:
+    return ("o", "final_state") if isinstance(case, DeltaRuleCase) else ("o",)
+
+
+def output_cotangents(case, out_shapes) -> Tuple[np.ndarray, ...]:
+    """A random float64 cotangent per output (the final-state cotangent too)."""
+    return tuple(cotangent(case.seed + i, s) for i, s in enumerate(out_shapes))
+
+
+def _out_shapes(case):
+    b, t, hv = case.batch, case.seq_len, case.v_heads
+    shapes = [(b, t, hv, case.dv)]
+    if isinstance(case, DeltaRuleCase):
+        shapes.append((b, hv, case.dk, case.dv))
+    return shapes
+
+
+# -------------------------------------------------------------- public runs
+def run_vjp(fn, case, inputs, cts, *, x64=False):
+    """(outputs tuple, grads dict) of fn on the named inputs, as numpy."""
+    op = case_op(case)
+    names = tuple(inputs)
+    has_state = "initial_state" in inputs
+    runner = _vjp_runner(fn, op, _static(case), has_state)
+    if x64:
+        with jax.enable_x64(True):
+            arrays = tuple(np.asarray(inputs[n], np.float64) for n in names)
+            out, grads = runner(arrays, tuple(np.asarray(c, np.float64) for c in cts))
+    else:
+        arrays = tuple(np.asarray(inputs[n]) for n in names)
+        out, grads = runner(arrays, cts)
+    out = out if isinstance(out, tuple) else (out,)
+    return tuple(np.asarray(o) for o in out), {n: np.asarray(g) for n, g in zip(names, grads)}
+
+
+def run_forward(fn, case, inputs, *, x64=False):
+    op = case_op(case)
+    names = tuple(inputs)
+    runner = _forward_runner(fn, op, _static(case), "initial_state" in inputs)
+    if x64:
+        with jax.enable_x64(True):
+            out = runner(*(np.asarray(inputs[n], np.float64) for n in names))
+    else:
+        out = runner(*(np.asarray(inputs[n]) for n in names))
+    out = out if isinstance(out, tuple) else (out,)
+    return tuple(np.asarray(o) for o in out)
+
+
+def target_vjp(target: Target, case, inputs=None):
+    """The target's outputs and input cotangents on a case."""
+    inputs = case_inputs(case) if inputs is None else inputs
+    cts = _cotangents_like(case)
+    return run_vjp(_target_fn(target, case_op(case)), case, inputs,
+                   tuple(c.astype(np.float32) for c in cts))
+
+
+def oracle_vjp(case, inputs=None):
+    """The float64 oracle's outputs and cotangents (same input values)."""
+    inputs = case_inputs(case) if inputs is None else inputs
+    return run_vjp(_ORACLE_FNS[case_op(case)], case, inputs, _cotangents_like(case), x64=True)
+
+
+def reference_vjp(case, inputs=None):
+    """The same-precision reference (token scan on the case's dtypes)."""
+    inputs = case_inputs(case) if inputs is None else inputs
+    cts = _cotangents_like(case)
+    return run_vjp(_ORACLE_FNS[case_op(case)], case, inputs,
+                   tuple(c.astype(np.float32) for c in cts))
+
+
+def target_forward(target: Target, case, inputs=None):
+    inputs = case_inputs(case) if inputs is None else inputs
+    return run_forward(_target_fn(target, case_op(case)), case, inputs)
+
+
+def oracle_forward(case, inputs=None):
+    inputs = case_inputs(case) if inputs is None else inputs
+    return run_forward(_ORACLE_FNS[case_op(case)], case, inputs, x64=True)
+
+
+def reference_forward(case, inputs=None):
+    inputs = case_inputs(case) if inputs is None else inputs
+    return run_forward(_ORACLE_FNS[case_op(case)], case, inputs)
+
+
+def _cotangents_like(case):
+    return output_cotangents(case, _out_shapes(case))
