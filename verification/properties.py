@@ -147,17 +147,27 @@ def near_zero_rows_vjp_parity(target: Target, case: MixerCase):
     return _conclude("near_zero_rows_vjp_parity", rows)
 
 
-FD_STEP = {"float64": 1e-6, "float32": 1e-2}
+FD_STEP = {"float64": 1e-5, "float32": 1e-2}
 FD_REL_BOUND = {"float64": 1e-6, "float32": 2e-2}
 
 
-def _directional_fd(fn, inputs, direction, ct, step):
-    """<ct, (f(x + h d) - f(x - h d)) / 2h> by central differences."""
+def _central_difference(fn, inputs, direction, ct, step):
+    """<ct, (f(x + h d) - f(x - h d)) / 2h>."""
     plus = {n: inputs[n] + step * direction[n] for n in inputs}
     minus = {n: inputs[n] - step * direction[n] for n in inputs}
     f_plus, f_minus = fn(plus), fn(minus)
     return float(sum(np.sum(c * (p.astype(np.float64) - m.astype(np.float64)))
                      for c, p, m in zip(ct, f_plus, f_minus)) / (2 * step))
+
+
+def _directional_fd(fn, inputs, direction, ct, step):
+    """Directional derivative by central differences with one Richardson
+    step, (4 D(h/2) - D(h)) / 3: truncation O(h^4), so curvature near a
+    (near-)zero q/k row (l2norm's third derivative ~ eps^-1.5) stays far
+    below the bound."""
+    coarse = _central_difference(fn, inputs, direction, ct, step)
+    fine = _central_difference(fn, inputs, direction, ct, step / 2)
+    return (4.0 * fine - coarse) / 3.0
 
 
 @register("vjp_matches_finite_differences", MixerCase)

@@ -1,0 +1,98 @@
+"""`gdn-verify`: the suite's command line.
+
+  gdn-verify [run] [--target MODULE[:IMPL]] [--profile dev|ci|nightly|repro] [-- PYTEST ARGS]
+      run the verification suite on a target and print the per-property
+      summary (examples, worst error per tensor vs bound, compiles, time)
+  gdn-verify replay FILE [--target MODULE[:IMPL]]
+      rebuild a counterexample's inputs, rerun its property, print the error
+      table; exit 1 if it still fails
+  gdn-verify mutants [--only NAME ...] [--report-dir DIR]
+      the seeded-bug kill report (see verification/mutants)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+
+def _suite_dir() -> str:
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def run_suite(target: Optional[str], profile: Optional[str], extra: List[str]) -> int:
+    """pytest on the suite; exit code 5 (no tests collected) counts as failure."""
+    import pytest
+    args = [_suite_dir(), "-p", "verification.plugin", "-q"]
+    if target:
+        args += ["--gdn-target", target]
+    if profile:
+        os.environ["GDN_PROFILE"] = profile
+        args += ["--hypothesis-profile", profile]
+    code = pytest.main(args + extra)
+    if code == 5:
+        print("gdn-verify: no tests were collected: failing", file=sys.stderr)
+        return 1
+    return int(code)
+
+
+def replay(path: str, target: Optional[str]) -> int:
+    """Rerun one counterexample file; 0 if the property now holds, 1 if not."""
+    from . import counterexamples
+    from .properties import PROPERTIES, PropertyFailure
+    from .targets import Target
+    from .tolerance import format_table
+
+    record = counterexamples.load(path)
+    spec = target or record["target"]
+    prop = PROPERTIES[record["property"]]
+    print(f"replaying {record['property']} on {spec}")
+    print(f"case: {record['case']}")
+    try:
+        rows = prop.check(Target.parse(spec), record["case_obj"])
+    except PropertyFailure as err:
+        print(format_table(err.rows))
+        print(f"STILL FAILS: {record['property']}")
+        return 1
+    except Exception as err:  # noqa: BLE001 - a crash is a failure too
+        print(f"STILL FAILS (raised {type(err).__name__}): {err}")
+        return 1
+    print(format_table(rows))
+    print(f"passes now: {record['property']}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: List[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    parser = argparse.ArgumentParser(prog="gdn-verify", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    run_p = sub.add_parser("run", help="run the suite (default)")
+    for p in (parser, run_p):
+        p.add_argument("--target", default=None)
+        p.add_argument("--profile", default=None,
+                       choices=("dev", "ci", "nightly", "repro"))
+    rep = sub.add_parser("replay", help="replay a counterexample file")
+    rep.add_argument("file")
+    rep.add_argument("--target", default=None)
+    mut = sub.add_parser("mutants", help="seeded-bug kill report")
+    mut.add_argument("--only", nargs="*", default=None)
+    mut.add_argument("--report-dir", default=".")
+    mut.add_argument("--examples", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "replay":
+        return replay(args.file, args.target)
+    if args.command == "mutants":
+        from .mutants.runner import main as mutants_main
+        return mutants_main(args.only, args.report_dir, args.examples)
+    return run_suite(args.target, args.profile, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
