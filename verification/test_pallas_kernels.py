@@ -8,7 +8,8 @@ Groups:
   b. GDN_INTERPRET=tpu-sim: small cases match the reference, no NaN.
   c. GDN_INTERPRET=off: both ops and their gradients lower for TPU from this
      CPU machine and yield the forward / backward Mosaic kernels.
-  d. pallas vs xla (float32) rel L2 <= TWIN_TOL; two runs bitwise identical.
+  d. pallas vs xla (float32) rel L2 <= 1e-6 (gate-parameter gradients of the
+     mixer: 5e-6, see TWIN_TOL); two runs of each bitwise identical.
 
 Cases are a hand-picked sample of the lattice T in {1, C-1, C, C+1, 3C+5},
 C in {16, 32, 64}, Hv/Hk in {1, 2, 4}, Dk != Dv, gate-parameter ranks 1/2/3,
@@ -37,15 +38,18 @@ F32_OUT_TOL = 1e-5
 F32_GRAD_TOL = 1e-4
 BF16_TOL = 2e-2
 F64_TOL = 1e-12
-# pallas vs xla, float32. Not 1e-6: the two backends run the same chunk_math
-# functions, but XLA:CPU compiles them differently in the two contexts (one
-# 2-D chunk per grid step vs vmapped over all chunks). The in-chunk cumulative
-# log decay Gam = tri @ g then rounds differently (about one ulp of |Gam|, up
-# to ~1e-6 absolute for C = 64), and exp(Gam_i - Gam_j), the WY inverse and
-# the u - w S0 cancellation amplify that. Measured worst over the cases below:
-# 1.1e-6 (o), 2.3e-6 (final state), 2.4e-6 (dk), 6.4e-6 (da_log, a sum over
-# all tokens). Each backend alone is 1e-6..3e-6 from the float64 oracle.
-TWIN_TOL = 2e-5
+# pallas vs xla, float32: 1e-6 for every tensor but the mixer's gate-parameter
+# gradients. Both backends run the same chunk_math functions, but XLA:CPU
+# compiles the matrix-vector dots that implement the in-chunk (reverse)
+# cumulative sums and column sums (_reverse_cumsum, _col_sums_as_column,
+# tri @ rho) with a different summation order for one 2-D chunk per grid step
+# than for all chunks vmapped (1-ulp differences in 60-80% of the elements).
+# That reaches dg (twin <= 3.4e-7 measured) and, scaled by the gate
+# derivative and summed over tokens, da / da_log / ddt_bias: 1.5e-6 measured.
+# Everything else agrees to <= 4e-8 (outputs mostly bitwise).
+TWIN_TOL = 1e-6
+TWIN_GATE_TOL = 5e-6
+TWIN_GATE_GRADS = ("da", "da_log", "ddt_bias")
 
 # worst relative error seen per (group, tensor), printed at the end (-s)
 WORST: dict[tuple[str, str], float] = {}
@@ -90,9 +94,7 @@ CASES = [
     D(1, 15, 16, 2, 1, 32, 16, zero_rows=True, seed=2),      # C-1
     D(1, 16, 16, 1, 2, 16, 32, seed=3),                      # C
     D(2, 17, 16, 1, 4, 32, 16, seed=4),                      # C+1
-    D(1, 53, 16, 1, 1, 16, 32, seed=5),                      # 3C+5
-    D(1, 31, 32, 1, 2, 16, 32, zero_rows=True, seed=6),
-    D(1, 33, 32, 2, 2, 32, 16, seed=7),
+                                                             # 3C+5: T=101, 197
     D(1, 101, 32, 1, 4, 32, 64, seed=8),
     D(1, 64, 64, 1, 2, 64, 32, seed=9),
     D(1, 197, 64, 2, 2, 32, 64, zero_rows=True, seed=10),
@@ -108,20 +110,10 @@ CASES = [
 ]
 F32_CASES = [c for c in CASES if c.dtype == "float32"]
 
-# small cases for the TPU simulator (few grid steps), T not a multiple of C included
-SIM_CASES = [
-    D(1, 1, 16, 1, 1, 16, 32, seed=1),
-    D(1, 15, 16, 2, 1, 32, 16, zero_rows=True, seed=2),
-    D(1, 16, 16, 1, 2, 16, 32, seed=3),
-    D(1, 21, 16, 1, 2, 16, 32, seed=31),
-    D(1, 33, 16, 1, 1, 32, 16, seed=32),
-    D(1, 31, 32, 1, 2, 16, 32, zero_rows=True, seed=6),
-    D(1, 40, 32, 1, 1, 16, 32, dtype="bfloat16", seed=33),
-    D(1, 70, 64, 1, 1, 32, 16, seed=34),
-    M(1, 1, 64, 1, 2, 16, 32, param_rank=1, seed=21),
-    M(1, 20, 16, 1, 2, 16, 32, param_rank=2, seed=35),
-    M(1, 35, 32, 1, 1, 32, 16, param_rank=3, zero_rows=True, seed=36),
-]
+# The TPU simulator runs ~2 ms per grid step: the cases with at most 8 grid
+# steps (B * Hv * chunks), which share their float64 references with group a.
+SIM_MAX_STEPS = 8
+SIM_CASES = [c for c in CASES if c.b * c.hv * -(-c.t // c.chunk) <= SIM_MAX_STEPS]
 
 
 # --------------------------------------------------------------------------
@@ -262,9 +254,11 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / nb) if nb > 0 else float(np.linalg.norm(a - b))
 
 
-def _check(group, c: Case, got, want, out_tol, grad_tol):
+def _check(group, c: Case, got, want, out_tol, grad_tol, special=None):
+    """Relative L2 per tensor; `special` maps tensor names to their own bound."""
     names = _names(c)
     n_out = 2 if c.op == "delta" else 1
+    special = special or {}
     errors = {}
     for i, (name, a, b) in enumerate(zip(names, got, want)):
         assert a.shape == b.shape, (name, a.shape, b.shape)
@@ -273,7 +267,7 @@ def _check(group, c: Case, got, want, out_tol, grad_tol):
         key = (group, name)
         WORST[key] = max(WORST.get(key, 0.0), errors[name])
     bad = {n: e for i, (n, e) in enumerate(errors.items())
-           if e > (out_tol if i < n_out else grad_tol)}
+           if e > special.get(n, out_tol if i < n_out else grad_tol)}
     assert not bad, f"{group} {c}: {bad} (all: {errors})"
     return errors
 
@@ -302,9 +296,7 @@ def test_pallas_matches_float64_reference(case, hlo_mode):
            _run(case, "reference"), *tol)
 
 
-@pytest.mark.parametrize("case", [D(1, 37, 16, 1, 2, 16, 32, zero_rows=True, seed=41),
-                                  M(2, 21, 16, 1, 2, 32, 16, param_rank=2, seed=42)],
-                         ids=str)
+@pytest.mark.parametrize("case", [CASES[1], CASES[10]], ids=str)
 def test_pallas_float64_matches_reference(case, hlo_mode):
     """float64 inputs run the kernels in float64 (accumulation_dtype): the
     chunked algorithm then equals the token scan to rounding."""
@@ -320,6 +312,12 @@ def test_pallas_float64_matches_reference(case, hlo_mode):
 # --------------------------------------------------------------------------
 # b. TPU simulator: uninitialised memory is NaN, OOB reads raise
 # --------------------------------------------------------------------------
+
+def test_simulator_case_list():
+    assert len(SIM_CASES) >= 10
+    assert any(c.t % c.chunk for c in SIM_CASES)
+    assert {c.op for c in SIM_CASES} == {"delta", "mixer"}
+
 
 @pytest.mark.parametrize("case", SIM_CASES, ids=str)
 def test_pallas_tpu_simulator(case, monkeypatch):
@@ -395,7 +393,7 @@ def test_lowers_for_tpu(op, grad, dtype, monkeypatch):
 @pytest.mark.parametrize("case", F32_CASES, ids=str)
 def test_pallas_matches_xla_twin(case, hlo_mode):
     _check("d.vs_xla", case, _run(case, "pallas"), _run(case, "xla"),
-           TWIN_TOL, TWIN_TOL)
+           TWIN_TOL, TWIN_TOL, special={n: TWIN_GATE_TOL for n in TWIN_GATE_GRADS})
 
 
 @pytest.mark.parametrize("case", [F32_CASES[3], F32_CASES[-1]], ids=str)

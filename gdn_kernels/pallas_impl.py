@@ -1,0 +1,358 @@
+"""The chunked gated delta rule as Pallas kernels: forward and backward.
+
+Same backend interface and math as `xla_impl` (both call the per-chunk
+functions of `chunk_math`, unchanged), but every chunk is one grid step of a
+`pl.pallas_call` and the recurrent state lives in a VMEM scratch in the
+accumulation dtype (float32; float64 for float64 inputs).
+
+Kernel layout (built outside the kernels in the accumulation dtype, time
+padded to a chunk multiple with identity steps k = beta = g = 0, see
+layout.pad_time):
+  q, k        [B, Hk, Tp, Dk]   value head h reads key head h // G (index
+                                arithmetic in the kernel, no repeat of q / k)
+  v, do       [B, Hv, Tp, Dv]
+  g, beta     [B, Hv, Tp, 1]    a chunk is a [C, 1] column
+  state       [B, Hv, Dk, Dv]
+Every per-chunk window, input or output, is (C, D), (C, 1), (C, C) or
+(Dk, Dv) with the leading axes squeezed: the last two dims are full array
+dims or C (a multiple of 8), as TPU blocks require.
+
+Inputs stay in HBM (pl.ANY) and are streamed by double-buffered DMAs into
+two-slot VMEM buffers (see "chunk streams" below for why); outputs are
+ordinary BlockSpec blocks.
+
+Forward grid (B, Hv, N), chunk axis last and sequential ("arbitrary"):
+  scratch S [Dk, Dv], S = s0 at n == 0; per chunk chunk_intra ->
+  chunk_state_step -> chunk_output. Writes o and, as residuals, the inverse of
+  every chunk [B, Hv, N, C, C] and the state entering every chunk
+  [B, Hv, N, Dk, Dv]; the final state is written at the last chunk.
+
+Backward grid (B, Hv, N) walking chunks in reverse (step n works on chunk
+N-1-n, output index_map n -> N-1-n): scratch dS [Dk, Dv] = ds_final at
+n == 0; per chunk chunk_backward from the cached inverse and entering state
+(the forward recurrence is not redone); dS <- its ds0, written out at the
+last step. dq, dk come out per value head and are summed over each key head's
+G value heads outside the kernel (layout.sum_head_groups).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from . import chunk_math as cm
+from . import interpret
+from . import layout
+
+
+class Residuals(NamedTuple):
+    """tinv [B, Hv, N, C, C] inverse of every chunk, states [B, Hv, N, Dk, Dv]
+    state entering every chunk; both in the accumulation dtype."""
+    tinv: jnp.ndarray
+    states: jnp.ndarray
+
+
+# --------------------------------------------------------------------------
+# layout helpers (outside the kernels)
+# --------------------------------------------------------------------------
+
+def _to_heads_major(x, chunk, dtype):
+    """[B, T, H, D] -> [B, H, Tp, D] in dtype, time padded to a chunk multiple."""
+    return jnp.swapaxes(layout.pad_time(x.astype(dtype), chunk), 1, 2)
+
+
+def _scalars_to_heads_major(x, chunk, dtype):
+    """[B, T, H] -> [B, H, Tp, 1]."""
+    return _to_heads_major(x[..., None], chunk, dtype)
+
+
+def _from_heads_major(x, t):
+    """[B, H, Tp, D] -> [B, T, H, D] (padding dropped)."""
+    return jnp.swapaxes(x, 1, 2)[:, :t]
+
+
+def _compiler_params():
+    return pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "arbitrary"))
+
+
+# --------------------------------------------------------------------------
+# double-buffered chunk streams (HBM -> VMEM)
+# --------------------------------------------------------------------------
+#
+# Inputs stay in HBM (memory_space=pl.ANY) and every grid step copies the
+# blocks of the NEXT chunk into the other half of a two-slot VMEM buffer while
+# computing on the current one (the software pipeline BlockSpecs would build).
+# Why not BlockSpec inputs: Pallas' HLO interpreter (interpret=True, the CPU
+# mode) carries every blocked input through its grid loop and writes each
+# input block back after the step; XLA then copies each whole input array
+# twice per grid step (measured: 80 ms for a kernel that only doubles a
+# [2, 4, 2048, 64] array; 2 ms with this stream). Outputs keep BlockSpecs
+# (written in place, no copy).
+
+class _Stream(NamedTuple):
+    """One input streamed chunk by chunk: hbm ref (whole array), VMEM buffer
+    [2, rows, cols], and index(c) -> the indexer of chunk c's block in hbm."""
+    hbm: object
+    buf: object
+    index: Callable
+
+
+def _copy(stream: _Stream, c, slot, sems):
+    return pltpu.make_async_copy(stream.hbm.at[stream.index(c)],
+                                 stream.buf.at[slot], sems.at[slot])
+
+
+def _stream_chunks(streams, sems, n, n_chunks, chunk_of):
+    """Make chunk chunk_of(n) resident and prefetch chunk_of(n + 1).
+
+    n is the (sequential, innermost) grid index; slot n % 2 holds step n.
+    One DMA semaphore per slot, shared by all streams: every copy into a slot
+    is waited for before the slot is read. Returns the slot."""
+    # int32 throughout: under jax_enable_x64 a Python int becomes an int64
+    # index, which Mosaic rejects for semaphore / memref slicing.
+    zero = jnp.int32(0)
+    slot = lax.rem(n, jnp.int32(2))
+
+    @pl.when(n == 0)
+    def _first():
+        for s in streams:
+            _copy(s, chunk_of(zero), zero, sems).start()
+
+    @pl.when(n + 1 < n_chunks)
+    def _prefetch():
+        for s in streams:
+            _copy(s, chunk_of(n + 1), 1 - slot, sems).start()
+
+    for s in streams:
+        _copy(s, chunk_of(n), slot, sems).wait()
+    return slot
+
+
+def _token_rows(b, head, chunk):
+    """Indexer of chunk c's rows of head `head` in a [B, H, Tp, D] array."""
+    return lambda c: (b, head, pl.ds(pl.multiple_of(c * chunk, chunk), chunk),
+                      slice(None))
+
+
+def _chunk_block(b, head):
+    """Indexer of chunk c's block in a [B, H, N, R, S] array."""
+    return lambda c: (b, head, c, slice(None), slice(None))
+
+
+def _token_out_spec(chunk, d, n_chunks=None):
+    """Output block (C, D) of a [B, Hv, Tp, D] array; n_chunks given: the
+    grid walks chunks in reverse (step n writes chunk N-1-n)."""
+    if n_chunks is None:
+        return pl.BlockSpec((None, None, chunk, d), lambda b, h, n: (b, h, n, 0))
+    return pl.BlockSpec((None, None, chunk, d),
+                        lambda b, h, n: (b, h, n_chunks - 1 - n, 0))
+
+
+def _chunk_out_spec(rows, cols):
+    """Output block (rows, cols) of a [B, Hv, N, rows, cols] array."""
+    return pl.BlockSpec((None, None, None, rows, cols),
+                        lambda b, h, n: (b, h, n, 0, 0))
+
+
+def _state_out_spec(dk, dv):
+    """Output block (Dk, Dv) of a [B, Hv, Dk, Dv] array, the same at every
+    chunk (written at the last one)."""
+    return pl.BlockSpec((None, None, dk, dv), lambda b, h, n: (b, h, 0, 0))
+
+
+_HBM = pl.BlockSpec(memory_space=pl.ANY)
+
+
+# --------------------------------------------------------------------------
+# forward
+# --------------------------------------------------------------------------
+
+def _forward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, s0_hbm,
+                    o_ref, tinv_ref, states_ref, s_final_ref,
+                    q_buf, k_buf, v_buf, g_buf, beta_buf, s_scr, sems,
+                    *, scale, chunk, group):
+    b, h, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    n_chunks = pl.num_programs(2)
+    hk = lax.div(h, jnp.int32(group))  # h >= 0: truncating division, no sign op
+                                       # (its TPU lowering needs the device kind)
+
+    @pl.when(n == 0)
+    def _init():
+        pltpu.sync_copy(s0_hbm.at[b, h], s_scr)
+
+    streams = (
+        _Stream(q_hbm, q_buf, _token_rows(b, hk, chunk)),
+        _Stream(k_hbm, k_buf, _token_rows(b, hk, chunk)),
+        _Stream(v_hbm, v_buf, _token_rows(b, h, chunk)),
+        _Stream(g_hbm, g_buf, _token_rows(b, h, chunk)),
+        _Stream(beta_hbm, beta_buf, _token_rows(b, h, chunk)),
+    )
+    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c)
+    q, k, v, g, beta = (s.buf[slot] for s in streams)
+
+    s0 = s_scr[...]
+    intra = cm.chunk_intra(k, v, g, beta)
+    new_values, s1 = cm.chunk_state_step(s0, k, intra)
+    o_ref[...] = cm.chunk_output(q, k, s0, new_values, intra.dec, scale)
+    tinv_ref[...] = intra.tinv
+    states_ref[...] = s0
+    s_scr[...] = s1
+
+    @pl.when(n == n_chunks - 1)
+    def _final():
+        s_final_ref[...] = s1
+
+
+def forward(q, k, v, g, beta, s0, scale, chunk):
+    """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
+    s0 [B, Hv, Dk, Dv]. Returns (o [B, T, Hv, Dv] accumulation dtype,
+    final state [B, Hv, Dk, Dv], Residuals)."""
+    acc = cm.accumulation_dtype(v.dtype)
+    bsz, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    group = hv // hk
+    n_chunks = layout.num_chunks(t, chunk)
+    tp = n_chunks * chunk
+
+    o, tinv, states, s_final = pl.pallas_call(
+        functools.partial(_forward_kernel, scale=scale, chunk=chunk, group=group),
+        out_shape=(
+            jax.ShapeDtypeStruct((bsz, hv, tp, dv), acc),
+            jax.ShapeDtypeStruct((bsz, hv, n_chunks, chunk, chunk), acc),
+            jax.ShapeDtypeStruct((bsz, hv, n_chunks, dk, dv), acc),
+            jax.ShapeDtypeStruct((bsz, hv, dk, dv), acc),
+        ),
+        grid=(bsz, hv, n_chunks),
+        in_specs=[_HBM] * 6,
+        out_specs=(
+            _token_out_spec(chunk, dv),
+            _chunk_out_spec(chunk, chunk),
+            _chunk_out_spec(dk, dv),
+            _state_out_spec(dk, dv),
+        ),
+        scratch_shapes=[
+            pltpu.VMEM((2, chunk, dk), acc),   # q
+            pltpu.VMEM((2, chunk, dk), acc),   # k
+            pltpu.VMEM((2, chunk, dv), acc),   # v
+            pltpu.VMEM((2, chunk, 1), acc),    # g
+            pltpu.VMEM((2, chunk, 1), acc),    # beta
+            pltpu.VMEM((dk, dv), acc),         # state S
+            pltpu.SemaphoreType.DMA((2,)),
+        ],
+        compiler_params=_compiler_params(),
+        interpret=interpret.pallas_interpret_arg(),
+        name="gdn_chunk_forward",
+    )(_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
+      _to_heads_major(v, chunk, acc), _scalars_to_heads_major(g, chunk, acc),
+      _scalars_to_heads_major(beta, chunk, acc), s0.astype(acc))
+    return _from_heads_major(o, t), s_final, Residuals(tinv, states)
+
+
+# --------------------------------------------------------------------------
+# backward
+# --------------------------------------------------------------------------
+
+def _backward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, states_hbm, tinv_hbm,
+                     do_hbm, ds_final_hbm,
+                     dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, ds0_ref,
+                     q_buf, k_buf, v_buf, g_buf, beta_buf, states_buf, tinv_buf,
+                     do_buf, ds_scr, sems, *, scale, chunk, group):
+    b, h, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    n_chunks = pl.num_programs(2)
+    hk = lax.div(h, jnp.int32(group))  # h >= 0: truncating division, no sign op
+                                       # (its TPU lowering needs the device kind)
+
+    @pl.when(n == 0)
+    def _init():
+        pltpu.sync_copy(ds_final_hbm.at[b, h], ds_scr)
+
+    streams = (
+        _Stream(q_hbm, q_buf, _token_rows(b, hk, chunk)),
+        _Stream(k_hbm, k_buf, _token_rows(b, hk, chunk)),
+        _Stream(v_hbm, v_buf, _token_rows(b, h, chunk)),
+        _Stream(g_hbm, g_buf, _token_rows(b, h, chunk)),
+        _Stream(beta_hbm, beta_buf, _token_rows(b, h, chunk)),
+        _Stream(states_hbm, states_buf, _chunk_block(b, h)),
+        _Stream(tinv_hbm, tinv_buf, _chunk_block(b, h)),
+        _Stream(do_hbm, do_buf, _token_rows(b, h, chunk)),
+    )
+    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c)
+    q, k, v, g, beta, s0, tinv, do = (s.buf[slot] for s in streams)
+
+    grads = cm.chunk_backward(q, k, v, g, beta, s0, tinv, do, ds_scr[...], scale)
+    dq_ref[...] = grads.dq
+    dk_ref[...] = grads.dk
+    dv_ref[...] = grads.dv
+    dg_ref[...] = grads.dg
+    dbeta_ref[...] = grads.dbeta
+    ds_scr[...] = grads.ds0
+
+    @pl.when(n == n_chunks - 1)
+    def _final():
+        ds0_ref[...] = grads.ds0
+
+
+def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk):
+    """Cotangents (dq, dk, dv, dg, dbeta, ds0) in the accumulation dtype,
+    from the residuals of `forward`; dq, dk summed over each key head's
+    value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]."""
+    acc = cm.accumulation_dtype(v.dtype)
+    bsz, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    group = hv // hk
+    n_chunks = layout.num_chunks(t, chunk)
+    tp = n_chunks * chunk
+
+    dq, dk_, dv_, dg, dbeta, ds0 = pl.pallas_call(
+        functools.partial(_backward_kernel, scale=scale, chunk=chunk, group=group),
+        out_shape=(
+            jax.ShapeDtypeStruct((bsz, hv, tp, dk), acc),
+            jax.ShapeDtypeStruct((bsz, hv, tp, dk), acc),
+            jax.ShapeDtypeStruct((bsz, hv, tp, dv), acc),
+            jax.ShapeDtypeStruct((bsz, hv, tp, 1), acc),
+            jax.ShapeDtypeStruct((bsz, hv, tp, 1), acc),
+            jax.ShapeDtypeStruct((bsz, hv, dk, dv), acc),
+        ),
+        grid=(bsz, hv, n_chunks),
+        in_specs=[_HBM] * 9,
+        out_specs=(
+            _token_out_spec(chunk, dk, n_chunks),
+            _token_out_spec(chunk, dk, n_chunks),
+            _token_out_spec(chunk, dv, n_chunks),
+            _token_out_spec(chunk, 1, n_chunks),
+            _token_out_spec(chunk, 1, n_chunks),
+            _state_out_spec(dk, dv),
+        ),
+        scratch_shapes=[
+            pltpu.VMEM((2, chunk, dk), acc),      # q
+            pltpu.VMEM((2, chunk, dk), acc),      # k
+            pltpu.VMEM((2, chunk, dv), acc),      # v
+            pltpu.VMEM((2, chunk, 1), acc),       # g
+            pltpu.VMEM((2, chunk, 1), acc),       # beta
+            pltpu.VMEM((2, dk, dv), acc),         # state entering the chunk
+            pltpu.VMEM((2, chunk, chunk), acc),   # cached inverse
+            pltpu.VMEM((2, chunk, dv), acc),      # do
+            pltpu.VMEM((dk, dv), acc),            # dS
+            pltpu.SemaphoreType.DMA((2,)),
+        ],
+        compiler_params=_compiler_params(),
+        interpret=interpret.pallas_interpret_arg(),
+        name="gdn_chunk_backward",
+    )(_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
+      _to_heads_major(v, chunk, acc), _scalars_to_heads_major(g, chunk, acc),
+      _scalars_to_heads_major(beta, chunk, acc), res.states.astype(acc),
+      res.tinv.astype(acc), _to_heads_major(do, chunk, acc), ds_final.astype(acc))
+
+    dq = layout.sum_head_groups(_from_heads_major(dq, t), group)
+    dk_ = layout.sum_head_groups(_from_heads_major(dk_, t), group)
+    dv_ = _from_heads_major(dv_, t)
+    dg = _from_heads_major(dg, t)[..., 0]
+    dbeta = _from_heads_major(dbeta, t)[..., 0]
+    return dq, dk_, dv_, dg, dbeta, ds0
