@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import importlib
 
+# Module names relative to this package (so a renamed copy of the package,
+# e.g. a seeded-bug mutant, uses its own backends).
 CHUNKED_BACKENDS = {
-    "xla": "gdn_kernels.xla_impl",
-    "pallas": "gdn_kernels.pallas_impl",
+    "xla": ".xla_impl",
+    "pallas": ".pallas_impl",
 }
 
 
@@ -24,10 +26,11 @@ def get_backend(impl: str):
     except KeyError:
         raise ValueError(f"impl must be one of {tuple(CHUNKED_BACKENDS)} here, "
                          f"got {impl!r}") from None
+    full_name = __package__ + name
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(full_name)
     except ModuleNotFoundError as err:
-        if err.name != name:
+        if err.name != full_name:
             raise
         raise NotImplementedError(
             f"impl={impl!r} is not implemented yet; use impl='xla' "

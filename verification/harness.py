@@ -8,6 +8,8 @@ import dataclasses
 import time
 from typing import Dict, List, Optional
 
+from hypothesis import settings
+
 from . import runners
 from .properties import PROPERTIES, PropertyFailure
 from .tolerance import TensorError
@@ -19,6 +21,7 @@ class PropertyStats:
     failures: int = 0
     seconds: float = 0.0
     compiles: int = 0
+    first_failure_at: int = 0     # 1-based example index of the first failure
     worst: Dict[str, TensorError] = dataclasses.field(default_factory=dict)
 
 
@@ -36,11 +39,13 @@ def check_property(name: str, target, case) -> List[TensorError]:
         rows = PROPERTIES[name].check(target, case)
     except PropertyFailure as err:
         stats.failures += 1
+        stats.first_failure_at = stats.first_failure_at or stats.examples + 1
         LAST_FAILURE[name] = (case, target, err.rows)
         _update_worst(stats, err.rows)
         raise
     except Exception:
         stats.failures += 1
+        stats.first_failure_at = stats.first_failure_at or stats.examples + 1
         LAST_FAILURE[name] = (case, target, [])
         raise
     finally:
@@ -60,3 +65,19 @@ def _update_worst(stats: PropertyStats, rows: List[TensorError]) -> None:
 
 def pop_failure(name: str) -> Optional[tuple]:
     return LAST_FAILURE.pop(name, None)
+
+
+def examples(weight: float):
+    """A settings decorator scaling the profile's max_examples by `weight`:
+    cheap properties (no compile per example) run more examples, the ones
+    that run the target several times per example run fewer."""
+    base = settings().max_examples
+    return settings(max_examples=max(1, int(round(base * weight))))
+
+
+def stats_json() -> dict:
+    """Per-property statistics as plain JSON (for the mutation runner)."""
+    return {name: {"examples": st.examples, "failures": st.failures,
+                   "first_failure_at": st.first_failure_at, "seconds": st.seconds,
+                   "compiles": st.compiles}
+            for name, st in STATS.items()}

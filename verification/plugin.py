@@ -92,6 +92,15 @@ def summary_lines():
     return lines
 
 
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("GDN_STATS_FILE")
+    if path:
+        import json
+        with open(path, "w") as f:
+            json.dump({"exitstatus": int(exitstatus), "properties": harness.stats_json(),
+                       "compiles": runners.compile_count() - _START["compiles"]}, f)
+
+
 def pytest_terminal_summary(terminalreporter):
     if not harness.STATS:
         return

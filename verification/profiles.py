@@ -23,7 +23,8 @@ DEFAULT = "dev"
 PROFILES = ("dev", "ci", "nightly", "repro")
 
 # Examples per property in each profile (scaled per property by `weight`).
-EXAMPLES = {"dev": 8, "ci": 60, "nightly": 400, "repro": 0}
+EXAMPLES = {"dev": 8, "ci": int(os.environ.get("GDN_CI_EXAMPLES", "60")),
+            "nightly": 400, "repro": 0}
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large,
              HealthCheck.function_scoped_fixture]

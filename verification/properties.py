@@ -267,7 +267,12 @@ def _sum_to_param_shape(g_full, shape):
     """Sum a [B, T, Hv] gradient over the axes a parameter of `shape` was
     broadcast along. Written here, independently of gdn_kernels.gates, so
     the property does not trust the code it checks."""
-    rank3 = {1: (1, 1) + tuple(shape), 2: (shape[0], 1, shape[1]), 3: tuple(shape)}[len(shape)]
+    if len(shape) == 1:
+        rank3 = (1, 1) + tuple(shape)
+    elif len(shape) == 2:
+        rank3 = (shape[0], 1, shape[1])
+    else:
+        rank3 = tuple(shape)
     for axis in range(3):
         if rank3[axis] == 1 and g_full.shape[axis] != 1:
             g_full = g_full.sum(axis=axis, keepdims=True)
@@ -350,21 +355,27 @@ def split_invariance(target: Target, case: DeltaRuleCase):
 @register("causality", MixerCase)
 def causality(target: Target, case: MixerCase):
     """Appending tokens never changes earlier outputs of gdn_decoupled_conv1d."""
+    extra = case.chunk // 2 + 1
     inputs = runners.case_inputs(case)
-    longer = replace(case, seq_len=case.seq_len + case.chunk // 2 + 1)
+    longer = replace(case, seq_len=case.seq_len + extra,
+                     a_log_shape=_lengthened(case.a_log_shape, case.seq_len, extra),
+                     dt_bias_shape=_lengthened(case.dt_bias_shape, case.seq_len, extra))
     more = runners.case_inputs(longer)
-    # same prefix, fresh suffix; time-shaped parameters are extended too
     ext = {}
-    for n, x in inputs.items():
-        y = more[n]
-        if n in ("conv_weight",) or x.ndim < 2 or (n in ("a_log", "dt_bias") and (x.ndim < 3 or x.shape[1] == 1)):
-            ext[n] = x
-        else:
-            ext[n] = np.concatenate([x, y[:, x.shape[1]:]], axis=1)
-    longer = replace(longer, a_log_shape=ext["a_log"].shape, dt_bias_shape=ext["dt_bias"].shape)
+    for n, x in inputs.items():   # same prefix, fresh suffix on every time axis
+        grows = n in ("x", "a", "b") or (n in ("a_log", "dt_bias") and
+                                         more[n].shape != x.shape)
+        ext[n] = np.concatenate([x, more[n][:, case.seq_len:]], axis=1) if grows else x
     short_out = runners.target_forward(target, case, inputs)[0]
     long_out = runners.target_forward(target, longer, ext)[0][:, :case.seq_len]
     return _conclude("causality", [compare_self("o prefix", long_out, short_out, case.dtype)])
+
+
+def _lengthened(shape, seq_len, extra):
+    """A [B', T, Hv] parameter shape grows with T; every other shape stays."""
+    if len(shape) == 3 and shape[1] == seq_len and seq_len > 1:
+        return (shape[0], seq_len + extra, shape[2])
+    return shape
 
 
 @register("batch_independence", MixerCase)

@@ -47,6 +47,8 @@ class Target:
 
     @property
     def module(self):
+        from .mutants import ensure_importable
+        ensure_importable(self.module_name)
         return importlib.import_module(self.module_name)
 
     def check(self) -> None:

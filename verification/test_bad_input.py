@@ -9,9 +9,10 @@ from hypothesis import given
 import gdn_kernels
 from strategies import mixer_cases
 
-from .harness import check_property
+from .harness import check_property, examples
 
 
+@examples(4)
 @given(case=mixer_cases(near_zero=False))
 def test_generated_contract_violations_raise_named_errors(gdn_target, case):
     check_property("bad_input_raises_named_error", gdn_target, case)

@@ -4,7 +4,7 @@ from hypothesis import example, given
 
 from strategies import DeltaRuleCase, MixerCase, delta_rule_cases, mixer_cases
 
-from .harness import check_property
+from .harness import check_property, examples
 
 # Regressions found by this suite, pinned (see README "Findings").
 STRONG_DECAY_T15 = DeltaRuleCase(batch=1, seq_len=15, k_heads=1, group=1, dk=16, dv=16,
@@ -16,23 +16,27 @@ LARGE_A_LOG_T15 = MixerCase(batch=2, seq_len=15, k_heads=1, group=1, dk=16, dv=1
                             gate_regime="large_a_log")
 
 
+@examples(1)
 @given(case=mixer_cases())
 def test_mixer_forward_matches_float64_oracle(gdn_target, case):
     check_property("mixer_forward_parity", gdn_target, case)
 
 
+@examples(1)
 @given(case=delta_rule_cases())
 @example(case=STRONG_DECAY_T15)
 def test_delta_rule_forward_and_final_state_match_float64_oracle(gdn_target, case):
     check_property("delta_rule_forward_parity", gdn_target, case)
 
 
+@examples(1)
 @given(case=mixer_cases())
 @example(case=LARGE_A_LOG_T15)
 def test_mixer_every_gradient_matches_float64_oracle(gdn_target, case):
     check_property("mixer_gradient_parity", gdn_target, case)
 
 
+@examples(1)
 @given(case=delta_rule_cases())
 @example(case=STRONG_DECAY_T15)
 @example(case=STRONG_DECAY_T15.__class__(**{**STRONG_DECAY_T15.__dict__, "gate_regime": "large_a_log"}))

@@ -1,0 +1,151 @@
+"""The seeded bugs. Each models a real-world mistake in one line of source,
+names the file it patches (relative to gdn_kernels/), the property expected
+to kill it, and the impls whose code path it breaks (chunk_math is shared by
+the XLA twin and the Pallas kernels, so its mutants break both)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    description: str
+    file: str
+    old: str
+    new: str
+    killers: Tuple[str, ...]      # properties expected to kill it
+    impls: Tuple[str, ...] = ("xla", "pallas")
+    count: int = 1                # occurrences of `old` that are replaced
+
+
+_ALL = [
+    Mutant("l2norm_bwd_eps_1e12",
+           "QK L2-norm backward uses eps 1e-12 while the forward uses 1e-6",
+           "mixer.py",
+           "l2norm.l2norm_backward(pro.q_raw, dq, cfg.eps)",
+           "l2norm.l2norm_backward(pro.q_raw, dq, 1e-12)",
+           ("near_zero_rows_vjp_parity", "vjp_matches_finite_differences")),
+    Mutant("param_grad_axis_01",
+           "a_log/dt_bias gradient reduced over axis=(0, 1) whatever the parameter's rank",
+           "gates.py",
+           "    reduced = jnp.sum(ct, axis=axes, keepdims=True) if axes else ct\n"
+           "    return reduced.reshape(param_shape)",
+           "    return jnp.sum(ct, axis=(0, 1))",
+           ("cotangent_shapes_and_dtypes", "mixer_gradient_parity")),
+    Mutant("tail_padded_with_edge_tokens",
+           "tail chunk padded by repeating the last token instead of identity steps "
+           "when T is not a multiple of C",
+           "layout.py",
+           "    return jnp.pad(x, widths)",
+           "    return jnp.pad(x, widths, mode=\"edge\")",
+           ("delta_rule_forward_parity", "split_invariance")),
+    Mutant("no_decay_between_chunks",
+           "decay exp(Gam_C) not applied to the state carried into the next chunk",
+           "chunk_math.py",
+           "    s1 = intra.dec.total * s0 + _dot_tn(k * intra.dec.tail, new_values)",
+           "    s1 = s0 + _dot_tn(k * intra.dec.tail, new_values)",
+           ("delta_rule_forward_parity", "mixer_forward_parity")),
+    Mutant("bwd_cumsum_wrong_direction",
+           "within-chunk cumulative decay summed forward instead of in reverse in the backward",
+           "chunk_math.py",
+           "    return _dot((row <= col).astype(x.dtype), x)",
+           "    return _dot((row >= col).astype(x.dtype), x)",
+           ("delta_rule_gradient_parity", "mixer_gradient_parity")),
+    Mutant("mask_after_exp",
+           "decay exponent masked after exp instead of before (inf * 0 = NaN above the diagonal)",
+           "chunk_math.py",
+           "    diff = jnp.where(lower, (hi_col - hi_row) + (lo_col - lo_row), 0.0)  # mask BEFORE exp\n"
+           "    decay = jnp.where(lower, jnp.exp(diff), 0.0)",
+           "    diff = (hi_col - hi_row) + (lo_col - lo_row)\n"
+           "    decay = jnp.exp(diff) * lower.astype(diff.dtype)",
+           ("delta_rule_forward_parity", "mixer_forward_parity")),
+    Mutant("inverse_offdiag_block_sign",
+           "off-diagonal block of the blocked triangular inverse computed with the wrong sign",
+           "chunk_math.py",
+           "    t21 = -_dot(t22, _dot(a[h:, :h], t11))",
+           "    t21 = _dot(t22, _dot(a[h:, :h], t11))",
+           ("delta_rule_forward_parity", "chunk_size_invariance")),
+    Mutant("gva_dq_dk_not_summed",
+           "dq/dk of a key head taken from its first value head instead of summed over the G heads",
+           "xla_impl.py",
+           "    dq = layout.sum_head_groups(layout.from_chunks(grads.dq, t), group)\n"
+           "    dk = layout.sum_head_groups(layout.from_chunks(grads.dk, t), group)",
+           "    dq = layout.from_chunks(grads.dq, t)[:, :, ::group]\n"
+           "    dk = layout.from_chunks(grads.dk, t)[:, :, ::group]",
+           ("delta_rule_gradient_parity", "gva_equals_explicit_repeat"), impls=("xla",)),
+    Mutant("conv_bwd_shift_by_one",
+           "Conv1D backward shifted by one tap",
+           "conv1d.py",
+           "        dx = dx + weight[j] * shift_left(dpre, s)",
+           "        dx = dx + weight[j] * shift_left(dpre, s + 1)",
+           ("mixer_gradient_parity",)),
+    Mutant("state_in_bf16",
+           "recurrent state accumulated in bfloat16 (rounded at every chunk boundary)",
+           "chunk_math.py",
+           "    s1 = intra.dec.total * s0 + _dot_tn(k * intra.dec.tail, new_values)\n",
+           "    s1 = intra.dec.total * s0 + _dot_tn(k * intra.dec.tail, new_values)\n"
+           "    s1 = s1.astype(jnp.bfloat16).astype(s0.dtype)\n",
+           ("delta_rule_forward_parity", "mixer_forward_parity")),
+    Mutant("dinitial_state_dropped",
+           "cotangent of initial_state dropped (zeros returned)",
+           "xla_impl.py",
+           "    return dq, dk, dv, dg, dbeta, ds_initial",
+           "    return dq, dk, dv, dg, dbeta, jnp.zeros_like(ds_initial)",
+           ("delta_rule_gradient_parity",), impls=("xla",)),
+    Mutant("beta_applied_twice",
+           "beta applied twice to the values in the WY factor u = Tinv (beta v)",
+           "chunk_math.py",
+           "    u = _dot(tinv, v * beta)",
+           "    u = _dot(tinv, v * beta * beta)",
+           ("delta_rule_forward_parity", "mixer_forward_parity")),
+    Mutant("gate_bwd_sigmoid_sign",
+           "gate backward uses sigmoid(-z) for d softplus(z)/dz",
+           "gates.py",
+           "    da = dg * (-decay_rate * jax.nn.sigmoid(z))",
+           "    da = dg * (-decay_rate * jax.nn.sigmoid(-z))",
+           ("mixer_gradient_parity",)),
+    Mutant("tail_cotangent_dropped",
+           "backward drops the cotangent of the within-chunk tail decay exp(Gam_C - Gam_j)",
+           "chunk_math.py",
+           "    dg = _reverse_cumsum(dgam) + dg_tail + _straddling_pair_sums(z_p + z_a)",
+           "    dg = _reverse_cumsum(dgam) + _straddling_pair_sums(z_p + z_a)",
+           ("delta_rule_gradient_parity",)),
+]
+
+_ALL += [
+    Mutant("conv_forward_looks_ahead",
+           "causal conv reads future tokens (taps shifted left instead of right)",
+           "conv1d.py",
+           "        pre = pre + weight[j] * shift_right(x, width - 1 - j)",
+           "        pre = pre + weight[j] * shift_left(x, j)",
+           ("causality", "mixer_forward_parity")),
+    Mutant("gva_tile_not_repeat",
+           "key heads expanded with tile (h % Hk) instead of repeat (h // G)",
+           "layout.py",
+           "    return x if group == 1 else jnp.repeat(x, group, axis=2)",
+           "    return x if group == 1 else jnp.tile(x, (1, 1, group, 1))",
+           ("gva_equals_explicit_repeat", "delta_rule_forward_parity"), impls=("xla",)),
+    Mutant("initial_state_ignored",
+           "initial_state ignored by the chunked forward (zeros used)",
+           "xla_impl.py",
+           "    s_final, (states, new_values) = lax.scan(step, s0.astype(acc), (kc, intra))",
+           "    s_final, (states, new_values) = lax.scan(step, jnp.zeros_like(s0, acc), (kc, intra))",
+           ("split_invariance", "delta_rule_forward_parity"), impls=("xla",)),
+    Mutant("l2norm_bwd_hardcoded_eps",
+           "L2-norm backward hard-codes eps = 1e-6 instead of using its eps argument",
+           "l2norm.py",
+           "    r = lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)\n    return r * dy",
+           "    r = lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-6)\n    return r * dy",
+           ("l2norm_scale_invariance", "near_zero_rows_vjp_parity")),
+    Mutant("l2norm_sums_over_batch",
+           "L2 norm computed over the batch axis too (batch rows mixed)",
+           "l2norm.py",
+           "jnp.sum(x * x, axis=-1, keepdims=True)",
+           "jnp.sum(x * x, axis=(0, -1), keepdims=True)",
+           ("batch_independence", "mixer_forward_parity"), count=2),
+]
+
+MUTANTS: Dict[str, Mutant] = {m.name: m for m in _ALL}

@@ -1,0 +1,171 @@
+"""`gdn-verify mutants`: the seeded-bug kill report.
+
+For each mutant and each impl whose code it breaks, a fresh Python process
+runs the suite (ci profile, derandomized) against gdn_mutant_<name>:<impl>
+with the persistent compile cache OFF (a stale cache entry must never hide a
+mutant), stopping at the first failing test. The declared faster subset:
+only the tests of the mutant's declared killer properties run first; if
+none of them fails, the whole suite runs (and a survivor is reported).
+The unmutated package is run the same way on the union of all subsets.
+Writes mutation-report.json and mutation-report.md; exits 1 if any mutant
+survives or the unmutated package fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+from . import MUTANTS, PREFIX
+
+SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# property name -> test function name (the -k selection of a subset)
+TEST_OF_PROPERTY = {
+    "mixer_forward_parity": "test_mixer_forward_matches_float64_oracle",
+    "delta_rule_forward_parity": "test_delta_rule_forward_and_final_state_match_float64_oracle",
+    "mixer_gradient_parity": "test_mixer_every_gradient_matches_float64_oracle",
+    "delta_rule_gradient_parity": "test_delta_rule_every_gradient_matches_float64_oracle",
+    "near_zero_rows_vjp_parity": "test_near_zero_qk_rows_vjp_equals_oracle_vjp_at_same_eps",
+    "vjp_matches_finite_differences": "test_vjp_matches_finite_differences_of_own_forward",
+    "l2norm_scale_invariance": "test_l2norm_is_invariant_under_x_to_cx_eps_to_c2eps",
+    "cotangent_shapes_and_dtypes": "test_every_cotangent_has_its_primal_shape_and_dtype",
+    "param_gradient_is_broadcast_sum": "test_param_gradient_equals_sum_of_broadcast_gradient",
+    "chunk_size_invariance": "test_chunk_sizes_16_32_64_agree",
+    "split_invariance": "test_split_run_with_carried_state_equals_one_pass",
+    "causality": "test_appending_tokens_never_changes_earlier_outputs",
+    "batch_independence": "test_batch_rows_are_independent",
+    "gva_equals_explicit_repeat": "test_gva_equals_explicit_repeat_of_key_heads",
+    "determinism": "test_two_runs_are_bitwise_identical",
+    "unstable_no_spurious_nan": "test_unstable_recurrence_has_no_nan_where_oracle_is_finite",
+    "bad_input_raises_named_error": "test_generated_contract_violations_raise_named_errors",
+}
+
+
+def _env(mutant_dir: str, stats_file: str, compile_cache: bool) -> dict:
+    env = dict(os.environ)
+    if not compile_cache:
+        for key in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
+            env.pop(key, None)
+        env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    env["GDN_MUTANT_DIR"] = mutant_dir
+    env["GDN_STATS_FILE"] = stats_file
+    env["GDN_PROFILE"] = "ci"
+    env["GDN_COUNTEREXAMPLES"] = os.path.join(mutant_dir, "counterexamples")
+    return env
+
+
+def run_suite_process(target: str, properties: Optional[List[str]], mutant_dir: str,
+                      examples: Optional[int], compile_cache: bool = False) -> dict:
+    """One fresh pytest process; returns its stats plus wall time."""
+    stats_file = tempfile.mktemp(suffix=".json", dir=mutant_dir)
+    cmd = [sys.executable, "-m", "pytest", SUITE_DIR, "-p", "verification.plugin", "-x", "-q",
+           "--hypothesis-profile", "ci", "--gdn-target", target, "-p", "no:cacheprovider",
+           "--ignore", os.path.join(SUITE_DIR, "test_mutation_zoo.py")]
+    if properties:
+        cmd += ["-k", " or ".join(TEST_OF_PROPERTY[p] for p in properties)]
+    env = _env(mutant_dir, stats_file, compile_cache)
+    if examples:
+        env["GDN_CI_EXAMPLES"] = str(examples)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.getcwd())
+    wall = time.perf_counter() - t0
+    stats = {}
+    if os.path.exists(stats_file):
+        with open(stats_file) as f:
+            stats = json.load(f)
+    return {"returncode": proc.returncode, "wall_s": wall, "stats": stats,
+            "tail": (proc.stdout + proc.stderr)[-3000:]}
+
+
+def _killer(stats: dict):
+    for name, st in stats.get("properties", {}).items():
+        if st["failures"]:
+            return name, st["first_failure_at"]
+    return None, None
+
+
+def run_mutant(name: str, impl: str, mutant_dir: str, examples: Optional[int]) -> dict:
+    mutant = MUTANTS[name]
+    target = f"{PREFIX}{name}:{impl}"
+    result = run_suite_process(target, list(mutant.killers), mutant_dir, examples)
+    subset = "declared killers: " + ", ".join(mutant.killers)
+    wall = result["wall_s"]
+    if result["returncode"] == 0:          # subset missed it: run everything
+        result = run_suite_process(target, None, mutant_dir, examples)
+        subset = "whole suite (declared killers missed it)"
+        wall += result["wall_s"]
+    killer, at = _killer(result["stats"])
+    killed = result["returncode"] not in (0, 5)
+    return {"mutant": name, "impl": impl, "description": mutant.description,
+            "killed": killed, "killed_by": killer, "examples_to_kill": at,
+            "wall_s": round(wall, 1), "subset": subset,
+            "log_tail": None if killed and killer else result["tail"]}
+
+
+def markdown(report: dict) -> str:
+    lines = ["| mutant | impl | killed | killed by | examples to kill | wall s | what it models |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["mutants"]:
+        lines.append(f"| {r['mutant']} | {r['impl']} | {'yes' if r['killed'] else '**SURVIVED**'} | "
+                     f"{r['killed_by'] or '-'} | {r['examples_to_kill'] or '-'} | {r['wall_s']} | "
+                     f"{r['description']} |")
+    b = report["baseline"]
+    lines += ["", f"Unmutated package ({b['target']}): {'passes' if b['passed'] else '**FAILS**'} "
+              f"on the union of the subsets ({b['wall_s']} s).",
+              "", report["summary"]]
+    return "\n".join(lines)
+
+
+def main(only: Optional[List[str]] = None, report_dir: str = ".",
+         examples: Optional[int] = None) -> int:
+    names = only or list(MUTANTS)
+    impls_available = ["xla"]
+    try:
+        import gdn_kernels.pallas_impl  # noqa: F401
+        impls_available.append("pallas")
+    except ModuleNotFoundError:
+        pass
+    mutant_dir = tempfile.mkdtemp(prefix="gdn-mutants-")
+    union = sorted({p for n in names for p in MUTANTS[n].killers})
+    t0 = time.perf_counter()
+    # the unmutated package may use the persistent compile cache (if the
+    # caller configured one); mutants never do
+    base = run_suite_process("gdn_kernels:xla", union, mutant_dir, examples, compile_cache=True)
+    baseline = {"target": "gdn_kernels:xla", "passed": base["returncode"] == 0,
+                "wall_s": round(base["wall_s"], 1),
+                "log_tail": None if base["returncode"] == 0 else base["tail"]}
+    print(f"unmutated gdn_kernels:xla: {'passes' if baseline['passed'] else 'FAILS'} "
+          f"({baseline['wall_s']} s)", flush=True)
+    results = []
+    for name in names:
+        for impl in MUTANTS[name].impls:
+            if impl not in impls_available:
+                continue
+            r = run_mutant(name, impl, mutant_dir, examples)
+            results.append(r)
+            print(f"{name:<32} {impl:<7} {'killed' if r['killed'] else 'SURVIVED':<9} "
+                  f"by {r['killed_by']} after {r['examples_to_kill']} example(s), "
+                  f"{r['wall_s']} s", flush=True)
+    killed = sum(r["killed"] for r in results)
+    to_kill = [r["examples_to_kill"] for r in results if r["killed"] and r["examples_to_kill"]]
+    median = statistics.median(to_kill) if to_kill else None
+    summary = (f"kill rate: {killed}/{len(results)} = {100.0 * killed / max(1, len(results)):.0f}% "
+               f"(median examples to kill: {median}; unmutated package "
+               f"{'passes' if baseline['passed'] else 'FAILS'}; {time.perf_counter() - t0:.0f} s)")
+    report = {"mutants": results, "baseline": baseline, "summary": summary,
+              "kill_rate": killed / max(1, len(results)), "median_examples_to_kill": median}
+    os.makedirs(report_dir, exist_ok=True)
+    with open(os.path.join(report_dir, "mutation-report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(report_dir, "mutation-report.md"), "w") as f:
+        f.write(markdown(report) + "\n")
+    print(summary, flush=True)
+    return 0 if killed == len(results) and baseline["passed"] else 1
