@@ -322,7 +322,7 @@ def test_pallas_tpu_simulator(case, monkeypatch):
         pltpu.reset_tpu_interpret_mode_state()
         raise
     tol = (F32_OUT_TOL, F32_GRAD_TOL) if case.dtype == "float32" else (BF16_TOL, BF16_TOL)
-    _check("b.tpu_sim", case, got, _run(case, "reference"), *tol)
+    _check(f"b.tpu_sim.{case.dtype}", case, got, _run(case, "reference"), *tol)
 
 
 # --------------------------------------------------------------------------
