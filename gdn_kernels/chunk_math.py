@@ -158,7 +158,9 @@ def _forward_substitute(a):
         a_row_i = jnp.where(row == i, a, 0.0)  # only row i of a survives
         return inv - _dot(a_row_i, inv)
 
-    return lax.fori_loop(1, n, body, eye)
+    # int32 bounds: under a global jax_enable_x64, Python ints would become
+    # int64 loop indices, which Mosaic TPU rejects.
+    return lax.fori_loop(jnp.int32(1), jnp.int32(n), body, eye)
 
 
 def invert_unit_lower(a):

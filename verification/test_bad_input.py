@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given
 
 import gdn_kernels
-from strategies import mixer_cases
 
 from .harness import check_property, examples
+from .suite import SUITE
 
 
-@examples(4)
-@given(case=mixer_cases(near_zero=False))
+@examples(SUITE["bad_input_raises_named_error"].weight)
+@given(case=SUITE["bad_input_raises_named_error"].strategy)
 def test_generated_contract_violations_raise_named_errors(gdn_target, case):
     check_property("bad_input_raises_named_error", gdn_target, case)
 

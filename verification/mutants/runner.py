@@ -26,26 +26,9 @@ from . import MUTANTS, PREFIX
 
 SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# property name -> test function name (the -k selection of a subset)
-TEST_OF_PROPERTY = {
-    "mixer_forward_parity": "test_mixer_forward_matches_float64_oracle",
-    "delta_rule_forward_parity": "test_delta_rule_forward_and_final_state_match_float64_oracle",
-    "mixer_gradient_parity": "test_mixer_every_gradient_matches_float64_oracle",
-    "delta_rule_gradient_parity": "test_delta_rule_every_gradient_matches_float64_oracle",
-    "near_zero_rows_vjp_parity": "test_near_zero_qk_rows_vjp_equals_oracle_vjp_at_same_eps",
-    "vjp_matches_finite_differences": "test_vjp_matches_finite_differences_of_own_forward",
-    "l2norm_scale_invariance": "test_l2norm_is_invariant_under_x_to_cx_eps_to_c2eps",
-    "cotangent_shapes_and_dtypes": "test_every_cotangent_has_its_primal_shape_and_dtype",
-    "param_gradient_is_broadcast_sum": "test_param_gradient_equals_sum_of_broadcast_gradient",
-    "chunk_size_invariance": "test_chunk_sizes_16_32_64_agree",
-    "split_invariance": "test_split_run_with_carried_state_equals_one_pass",
-    "causality": "test_appending_tokens_never_changes_earlier_outputs",
-    "batch_independence": "test_batch_rows_are_independent",
-    "gva_equals_explicit_repeat": "test_gva_equals_explicit_repeat_of_key_heads",
-    "determinism": "test_two_runs_are_bitwise_identical",
-    "unstable_no_spurious_nan": "test_unstable_recurrence_has_no_nan_where_oracle_is_finite",
-    "bad_input_raises_named_error": "test_generated_contract_violations_raise_named_errors",
-}
+def _test_name(prop: str) -> str:
+    from ..suite import SUITE
+    return SUITE[prop].test
 
 
 def _env(mutant_dir: str, stats_file: str, compile_cache: bool) -> dict:
@@ -70,7 +53,7 @@ def run_suite_process(target: str, properties: Optional[List[str]], mutant_dir: 
            "--hypothesis-profile", "ci", "--gdn-target", target, "-p", "no:cacheprovider",
            "--ignore", os.path.join(SUITE_DIR, "test_mutation_zoo.py")]
     if properties:
-        cmd += ["-k", " or ".join(TEST_OF_PROPERTY[p] for p in properties)]
+        cmd += ["-k", " or ".join(_test_name(p) for p in properties)]
     env = _env(mutant_dir, stats_file, compile_cache)
     if examples:
         env["GDN_CI_EXAMPLES"] = str(examples)
