@@ -64,7 +64,9 @@ def mixer_inputs(case: MixerCase) -> dict:
         # keep |k|^2 small so beta |k|^2 <= 2: the recurrence stays stable
         x[..., : 2 * case.k_heads * case.dk] *= 0.5 / np.sqrt(case.dk)
     weight = rng.uniform(-1.0, 1.0, size=(case.conv_width, case.channels)) / np.sqrt(case.conv_width)
-    for row in case.near_zero:
+    # tiny rows first, exact-zero rows last: where windows overlap, zero wins,
+    # so every row claimed exactly zero is exactly zero after the conv
+    for row in sorted(case.near_zero, key=lambda r: r.magnitude == 0):
         _zero_window(x, case, row)
     if any(r.magnitude > 0 for r in case.near_zero):
         # the last tap must carry the tiny row; give it weight 1 on those channels

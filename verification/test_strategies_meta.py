@@ -1,0 +1,140 @@
+"""Meta-tests: the strategies produce what they claim (like array-api-tests'
+meta_tests). No kernel runs here."""
+
+import itertools
+import json
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strategies import (case_from_json, case_to_json, delta_rule_cases, delta_rule_inputs,
+                        mixer_cases, mixer_inputs)
+from strategies import lattice, regimes
+
+
+def _covers_all_pairs(knobs, rows):
+    names = list(knobs)
+    for a, b in itertools.combinations(range(len(names)), 2):
+        seen = {(r[a], r[b]) for r in rows}
+        for va in knobs[names[a]]:
+            for vb in knobs[names[b]]:
+                assert (va, vb) in seen, f"pair {names[a]}={va}, {names[b]}={vb} never drawn"
+
+
+def test_mixer_lattice_covers_every_pair_of_knob_values():
+    _covers_all_pairs(lattice.MIXER_KNOBS, lattice.mixer_geometries())
+    assert len(lattice.mixer_geometries()) <= 70       # bounded compile count
+
+
+def test_delta_lattice_covers_every_pair_of_knob_values():
+    _covers_all_pairs(lattice.DELTA_KNOBS, lattice.delta_geometries())
+    assert len(lattice.delta_geometries()) <= 45
+
+
+def test_lattice_lengths_hit_every_chunk_boundary():
+    for chunk in lattice.CHUNK_SIZES:
+        lengths = {lattice.seq_len(kind, chunk) for kind in lattice.LENGTH_KINDS}
+        assert {1, chunk - 1, chunk, chunk + 1, 2 * chunk + 1} <= lengths
+        assert lattice.seq_len("free", chunk) % chunk not in (0, 1, chunk - 1)
+
+
+def test_param_kinds_cover_every_rank_and_broadcast_axis():
+    shapes = {lattice.param_shape(k, 2, 7, 4) for k in lattice.PARAM_KINDS}
+    assert {(4,), (1, 4), (2, 4), (2, 1, 4), (1, 7, 4), (2, 7, 4), (1, 1, 4)} == shapes
+
+
+def _conv_silu(x, w):
+    k = w.shape[0]
+    xp = np.concatenate([np.zeros((x.shape[0], k - 1, x.shape[2])), x.astype(np.float64)], 1)
+    pre = sum(w[j].astype(np.float64) * xp[:, j:j + x.shape[1]] for j in range(k))
+    return pre / (1 + np.exp(-pre))
+
+
+@settings(max_examples=60, deadline=None)
+@given(mixer_cases(near_zero=True))
+def test_near_zero_rows_are_zero_or_tiny_after_conv_and_silu(case):
+    arrays = mixer_inputs(case)
+    y = _conv_silu(arrays["x"], arrays["conv_weight"])
+    for row in case.near_zero:
+        offset = 0 if row.which == "q" else case.k_heads * case.dk
+        c0 = offset + row.head * case.dk
+        norm = np.linalg.norm(y[row.batch, row.token, c0:c0 + case.dk])
+        if row.magnitude == 0:
+            assert norm == 0.0
+            continue
+        overlapped = [r for r in case.near_zero if r is not row and r.which == row.which
+                      and r.batch == row.batch and r.head == row.head
+                      and abs(r.token - row.token) < case.conv_width]
+        if not overlapped:   # another row's window may rewrite these taps
+            assert 0.05 * row.magnitude <= norm <= 10 * row.magnitude * np.sqrt(case.dk)
+
+
+@settings(max_examples=80, deadline=None)
+@given(delta_rule_cases())
+def test_delta_rule_regimes_hold(case):
+    a = delta_rule_inputs(case)
+    g, beta = a["g"].astype(np.float64), a["beta"].astype(np.float64)
+    assert np.all(g <= 0)
+    if case.gate_regime == "no_decay":
+        assert np.all(g == 0)
+    if case.gate_regime == "strong_decay":
+        assert np.all((g < -68) & (g > -72))
+    if case.beta_regime == "zero":
+        assert np.all(beta < 1e-6)
+    if case.beta_regime == "one":
+        assert np.all(beta > 1 - 1e-6)
+    k = a["k"].astype(np.float64)
+    assert np.all(np.sum(k * k, -1).repeat(case.group, -1) * beta <= 2 + 1e-2)   # stable
+    for which, b, t, h in case.zero_rows:
+        assert np.all(a[which][b, t, h] == 0)
+    assert a["q"].dtype.name == case.dtype
+    assert (a["initial_state"] is None) == (not case.has_initial_state)
+
+
+@settings(max_examples=40, deadline=None)
+@given(delta_rule_cases(stable=False))
+def test_unstable_cases_expand(case):
+    a = delta_rule_inputs(case)
+    k = a["k"].astype(np.float64)
+    norms = np.sum(k * k, -1)
+    for which, b, t, h in case.zero_rows:
+        if which == "k":
+            norms[b, t, h] = np.inf
+    assert np.all(norms > 2.0)
+    assert case.seq_len <= 2 * case.chunk + 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(mixer_cases())
+def test_mixer_gate_regimes_hold(case):
+    a = mixer_inputs(case)
+    a_log = a["a_log"].astype(np.float64)
+    a_log = a_log[None, None] if a_log.ndim == 1 else (a_log[:, None] if a_log.ndim == 2 else a_log)
+    dt = a["dt_bias"].astype(np.float64)
+    dt = dt[None, None] if dt.ndim == 1 else (dt[:, None] if dt.ndim == 2 else dt)
+    z = a["a"].astype(np.float64) + dt
+    g = -np.exp(a_log) * np.logaddexp(z, 0).astype(np.float32)
+    if case.gate_regime == "no_decay":
+        assert np.all(np.logaddexp(z.astype(np.float32), np.float32(0)) == 0)
+    if case.gate_regime == "strong_decay":
+        assert np.all(g < -50)
+    if case.gate_regime == "large_a_log":
+        assert np.all(a_log > regimes.LARGE_A_LOG - 0.6)
+    assert a["a_log"].shape == case.a_log_shape and a["dt_bias"].shape == case.dt_bias_shape
+    assert a["x"].dtype.name == case.dtype and a["conv_weight"].dtype.name == case.param_dtype
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(mixer_cases(), delta_rule_cases()))
+def test_cases_round_trip_through_json_and_rebuild_identically(case):
+    text = json.dumps(case_to_json(case))
+    again = case_from_json(json.loads(text))
+    assert again == case
+    build = mixer_inputs if type(case).__name__ == "MixerCase" else delta_rule_inputs
+    first, second = build(case), build(again)
+    for name in first:
+        if first[name] is None:
+            assert second[name] is None
+        else:
+            assert np.array_equal(first[name].view(np.uint8), second[name].view(np.uint8))
