@@ -3,7 +3,9 @@
 dev      default: a few minutes; the local example database (.hypothesis/) is
          on, plus a shared read-only database when one is configured, so a
          failure found before replays first.
-ci       derandomized, more examples, print_blob=True, no database.
+ci       derandomized, more examples, print_blob=True; no database, except
+         where GDN_HYPOTHESIS_DB is set (the GitHub workflow): then failures
+         found in CI are saved there and uploaded as the shared database.
 nightly  many examples, random seeds, target()-guided search for the
          largest error / bound ratio.
 repro    replays only the stored examples (explicit @example rows and the
@@ -46,10 +48,13 @@ def register_profiles() -> None:
         "dev", max_examples=EXAMPLES["dev"], deadline=None,
         suppress_health_check=_SUPPRESS, database=dev_database(),
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink, Phase.explain])
+    ci_db = (DirectoryBasedExampleDatabase(os.environ["GDN_HYPOTHESIS_DB"])
+             if os.environ.get("GDN_HYPOTHESIS_DB") else None)
     settings.register_profile(
         "ci", max_examples=EXAMPLES["ci"], deadline=None, derandomize=True,
-        print_blob=True, database=None, suppress_health_check=_SUPPRESS,
-        phases=[Phase.explicit, Phase.generate, Phase.shrink])
+        print_blob=True, database=ci_db, suppress_health_check=_SUPPRESS,
+        phases=[Phase.explicit] + ([Phase.reuse] if ci_db else [])
+        + [Phase.generate, Phase.shrink])
     settings.register_profile(
         "nightly", max_examples=EXAMPLES["nightly"], deadline=None,
         suppress_health_check=_SUPPRESS, print_blob=True,
