@@ -49,6 +49,7 @@ def check_property(name: str, target, case) -> List[TensorError]:
         LAST_FAILURE[name] = (case, target, [])
         raise
     finally:
+        runners.release_executables_if_needed()
         stats.examples += 1
         stats.seconds += time.perf_counter() - t0
         stats.compiles += runners.compile_count() - c0

@@ -40,6 +40,39 @@ def compile_count() -> int:
     return _compiles["n"]
 
 
+# -------------------------------------------------------------- memory maps
+def _count_lines(path: str) -> int:
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return -1
+
+
+def release_executables_if_needed(fraction: float = 0.5) -> bool:
+    """Drop every compiled executable when this process uses more than
+    `fraction` of the kernel's vm.max_map_count memory maps.
+
+    Each XLA:CPU executable of the suite holds ~275 memory maps (measured);
+    after ~230 compiles a process hits the default limit of 65530 and XLA
+    segfaults while compiling the next one. Releasing the caches frees the
+    maps; a later example of a seen shape simply compiles again."""
+    used = _count_lines("/proc/self/maps")
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return False
+    if used < 0 or used < fraction * limit:
+        return False
+    import gc
+    _vjp_runner.cache_clear()
+    _forward_runner.cache_clear()
+    jax.clear_caches()
+    gc.collect()
+    return True
+
+
 # -------------------------------------------------------------- static args
 def delta_static(case: DeltaRuleCase) -> Tuple:
     return (("chunk_size", case.chunk),)

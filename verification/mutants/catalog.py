@@ -148,4 +148,41 @@ _ALL += [
            ("batch_independence", "mixer_forward_parity"), count=2),
 ]
 
+# The Pallas twins of path-specific bugs, and bugs only the kernels can have.
+_ALL += [
+    Mutant("pallas_gva_dq_dk_not_summed",
+           "Pallas: dq/dk of a key head taken from its first value head, not summed over G",
+           "pallas_impl.py",
+           "    dq = layout.sum_head_groups(_from_heads_major(dq, t), group)\n"
+           "    dk_ = layout.sum_head_groups(_from_heads_major(dk_, t), group)",
+           "    dq = _from_heads_major(dq, t)[:, :, ::group]\n"
+           "    dk_ = _from_heads_major(dk_, t)[:, :, ::group]",
+           ("delta_rule_gradient_parity", "gva_equals_explicit_repeat"), impls=("pallas",)),
+    Mutant("pallas_dinitial_state_dropped",
+           "Pallas: cotangent of initial_state dropped (zeros returned)",
+           "pallas_impl.py",
+           "    return dq, dk_, dv_, dg, dbeta, ds0",
+           "    return dq, dk_, dv_, dg, dbeta, jnp.zeros_like(ds0)",
+           ("delta_rule_gradient_parity",), impls=("pallas",)),
+    Mutant("pallas_gva_head_mapping",
+           "Pallas: value head h reads key head h % Hk instead of h // G",
+           "pallas_impl.py",
+           "    hk = lax.div(h, jnp.int32(group))",
+           "    hk = lax.rem(h, jnp.int32(q_hbm.shape[1]))",
+           ("gva_equals_explicit_repeat", "delta_rule_forward_parity"), impls=("pallas",),
+           count=2),
+    Mutant("pallas_state_not_initialised",
+           "Pallas: state scratch zeroed instead of loaded from initial_state",
+           "pallas_impl.py",
+           "        pltpu.sync_copy(s0_hbm.at[b, h], s_scr)",
+           "        s_scr[...] = jnp.zeros_like(s_scr)",
+           ("split_invariance", "delta_rule_forward_parity"), impls=("pallas",)),
+    Mutant("pallas_bwd_reads_chunks_forward",
+           "Pallas backward streams chunks in forward order while walking them in reverse",
+           "pallas_impl.py",
+           "    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c)",
+           "    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c)",
+           ("delta_rule_gradient_parity", "mixer_gradient_parity"), impls=("pallas",)),
+]
+
 MUTANTS: Dict[str, Mutant] = {m.name: m for m in _ALL}
