@@ -92,7 +92,8 @@ def _check_nonpositive_if_concrete(name, x):
     """g <= 0 by the contract; checked when the values are concrete."""
     if isinstance(x, jax.core.Tracer):
         return
-    if bool(np.any(np.asarray(jnp.asarray(x, jnp.float32)) > 0)):
+    values = np.asarray(jax.device_get(x)).astype(np.float32)   # host-side: never traced
+    if bool(np.any(values > 0)):
         raise ValueError(f"{name} must be <= 0 (a log decay), got a positive value")
 
 
