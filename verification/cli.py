@@ -8,6 +8,8 @@
       table; exit 1 if it still fails
   gdn-verify mutants [--only NAME ...] [--report-dir DIR]
       the seeded-bug kill report (see verification/mutants)
+  gdn-verify bench [BENCH OPTIONS]
+      the benchmark harness, same as `python -m benchmarks` (see --help there)
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def replay(path: str, target: Optional[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # every option belongs to the benchmark's own parser
+        from benchmarks.__main__ import main as bench_main
+        return bench_main(argv[1:])
     extra: List[str] = []
     if "--" in argv:
         i = argv.index("--")
@@ -85,6 +90,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     mut.add_argument("--only", nargs="*", default=None)
     mut.add_argument("--report-dir", default=".")
     mut.add_argument("--examples", type=int, default=None)
+    sub.add_parser("bench", add_help=False,
+                   help="benchmark harness (python -m benchmarks; gdn-verify bench --help)")
     args = parser.parse_args(argv)
     if args.command == "replay":
         return replay(args.file, args.target)

@@ -1,0 +1,11 @@
+"""Benchmark harness of gdn_kernels: time, compile time and compiled temp
+memory of `gdn_decoupled_conv1d` and `gated_delta_rule`, forward and
+forward+backward, per implementation over a size ladder; optional suite
+throughput. Run `python -m benchmarks --help` (or `gdn-verify bench`).
+
+Modules:
+  workloads   sizes, seeded inputs, the benchmarked functions per (op, impl, mode)
+  runner      compile (cached once per shape), budgets, interleaved timing
+  suite       pytest throughput under the dev / ci profiles (subprocess)
+  report      ratios, log-log growth fits, acceptance, JSON / Markdown / PNG
+"""

@@ -1,0 +1,195 @@
+"""python -m benchmarks  (also: gdn-verify bench)
+
+Times forward and forward+backward of gated_delta_rule and
+gdn_decoupled_conv1d for impl in {reference, xla, xla-autodiff, pallas} over
+a size ladder: median / min / max of the timed runs after warm-up, compile
+time and compiled temp memory per shape, the ratios between impls (measured
+side by side in one run), growth exponents in T, and the acceptance checks.
+--suite adds the verification suite's throughput under the dev and ci
+profiles. Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME.png (matplotlib,
+the optional `bench` extra).
+
+examples:
+  python -m benchmarks                       # default ladder, all impls (~30 min on 2 CPU cores)
+  python -m benchmarks --quick --repeats 1   # tiny ladder, a smoke run
+  python -m benchmarks --sizes 2,4096,2,4,128 --impls xla reference --modes fwd+bwd
+  python -m benchmarks --suite --suite-only  # suite throughput only
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform as _platform
+import subprocess
+import sys
+import time
+from typing import List, Optional
+
+from . import report, runner, suite, workloads
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    lad = p.add_argument_group("ladder")
+    lad.add_argument("--quick", action="store_true",
+                     help="tiny ladder " + ", ".join(s.label for s in workloads.QUICK_LADDER))
+    lad.add_argument("--sizes", nargs="+", metavar="B,T,Hk,Hv,D[,Dv]", default=None,
+                     help="explicit sizes (default: the ladder "
+                          f"{workloads.DEFAULT_LADDER[0].label} .. "
+                          f"{workloads.DEFAULT_LADDER[-1].label})")
+    lad.add_argument("--impls", nargs="+", choices=workloads.IMPLS, default=list(workloads.IMPLS))
+    lad.add_argument("--ops", nargs="+", choices=workloads.OPS, default=list(workloads.OPS))
+    lad.add_argument("--modes", nargs="+", choices=workloads.MODES, default=list(workloads.MODES))
+    lad.add_argument("--repeats", type=int, default=5,
+                     help="timed runs per entry (median, min, max); default 5")
+    lad.add_argument("--warmup", type=int, default=1, help="untimed runs first; default 1")
+    lad.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    lad.add_argument("--chunk-size", type=int, default=64)
+    lad.add_argument("--seed", type=int, default=0)
+    lad.add_argument("--time-budget", type=float, default=120.0, metavar="S",
+                     help="skip an entry whose warm-up + repeats would take longer "
+                          "(predicted from the previous rung, or measured at warm-up); "
+                          "default 120 s")
+    lad.add_argument("--mem-budget-gb", type=float, default=8.0, metavar="GB",
+                     help="skip running an entry whose compiled temp + argument + output "
+                          "bytes exceed this (compile figures are still recorded); "
+                          "default 8 GiB")
+    lad.add_argument("--no-ladder", action="store_true", help="skip the timing ladder")
+    lad.add_argument("--trace", metavar="DIR", default=None,
+                     help="write a jax.profiler trace of one extra run per entry at "
+                          "--trace-size (default: the acceptance size, else the largest)")
+    lad.add_argument("--trace-size", metavar="B,T,Hk,Hv,D[,Dv]", default=None)
+    st = p.add_argument_group("suite throughput (minutes)")
+    st.add_argument("--suite", action="store_true",
+                    help="also run the suite subset under each --suite-profiles profile")
+    st.add_argument("--suite-only", action="store_true", help="--suite and --no-ladder")
+    st.add_argument("--suite-profiles", nargs="+", default=["dev", "ci"],
+                    choices=("dev", "ci", "nightly"))
+    st.add_argument("--suite-target", default=None,
+                    help="MODULE[:IMPL] (default: the suite's default target)")
+    st.add_argument("--suite-k", default=suite.DEFAULT_SELECTION,
+                    help="pytest -k expression (default: a representative subset)")
+    st.add_argument("--suite-ci-examples", type=int, default=suite.DEFAULT_CI_EXAMPLES,
+                    help=f"GDN_CI_EXAMPLES for the ci profile; default "
+                         f"{suite.DEFAULT_CI_EXAMPLES}")
+    st.add_argument("--suite-timeout", type=float, default=1800.0, metavar="S")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", default="bench-results", help="output directory")
+    out.add_argument("--name", default="bench", help="file stem (NAME.json/.md/.png)")
+    out.add_argument("--no-plot", action="store_true")
+    out.add_argument("--strict", action="store_true",
+                     help="exit 1 when a measured acceptance check misses its target")
+    return p
+
+
+def _git_describe() -> Optional[str]:
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"],
+                              cwd=suite.REPO_ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _meta(argv) -> dict:
+    import jax
+    import jaxlib
+    import numpy as np
+    dev = jax.devices()[0]
+    return {
+        "command": "python -m benchmarks " + " ".join(argv),
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
+        "numpy_version": np.__version__, "python": _platform.python_version(),
+        "platform": dev.platform, "device_kind": dev.device_kind,
+        "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
+        "machine": _platform.machine(),
+        "pallas_mode": runner.interpret_mode("pallas"),
+        "git": _git_describe(),
+        "env": {k: os.environ.get(k) for k in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR",
+                                                "GDN_INTERPRET", "JAX_ENABLE_X64")
+                if os.environ.get(k) is not None},
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    if args.suite_only:
+        args.suite, args.no_ladder = True, True
+    if args.repeats < 1 or args.warmup < 0:
+        _parser().error("--repeats must be >= 1 and --warmup >= 0")
+    try:
+        if args.sizes:
+            sizes = tuple(workloads.parse_size(s) for s in args.sizes)
+        else:
+            sizes = workloads.QUICK_LADDER if args.quick else workloads.DEFAULT_LADDER
+        trace_size = workloads.parse_size(args.trace_size) if args.trace_size else (
+            workloads.ACCEPTANCE_SIZE if workloads.ACCEPTANCE_SIZE in sizes else sizes[-1])
+    except ValueError as err:
+        _parser().error(str(err))
+    log = runner.stderr_log
+
+    t0 = time.perf_counter()
+    meta = _meta(argv)
+    log(f"benchmarks: {meta['device_kind']} ({meta['platform']}), jax {meta['jax_version']}, "
+        f"load {meta['loadavg_start'][0]:.2f}; pallas mode {meta['pallas_mode']}")
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        log("note: JAX_COMPILATION_CACHE_DIR is set: compile times may be cache hits")
+    if args.repeats < 5:
+        log(f"note: --repeats {args.repeats} < 5: a smoke run, not a measurement")
+    cfg = runner.LadderConfig(
+        sizes=sizes, ops=tuple(args.ops), impls=tuple(args.impls), modes=tuple(args.modes),
+        repeats=args.repeats, warmup=args.warmup, dtype=args.dtype, chunk=args.chunk_size,
+        seed=args.seed, time_budget_s=args.time_budget,
+        mem_budget_bytes=int(args.mem_budget_gb * runner.GiB),
+        trace_dir=args.trace, trace_size=trace_size)
+    records = [] if args.no_ladder else runner.run_ladder(cfg, log)
+    fits = report.growth_fits(records)
+    doc = {
+        "meta": meta,
+        "config": {"sizes": [s.as_dict() for s in sizes], "ops": list(cfg.ops),
+                   "impls": list(cfg.impls), "modes": list(cfg.modes),
+                   "repeats": cfg.repeats, "warmup": cfg.warmup, "dtype": cfg.dtype,
+                   "chunk": cfg.chunk, "seed": cfg.seed, "time_budget_s": cfg.time_budget_s,
+                   "mem_budget_bytes": cfg.mem_budget_bytes,
+                   "acceptance_size": workloads.ACCEPTANCE_SIZE.as_dict(),
+                   "acceptance_targets": report.TARGETS},
+        "results": records,
+        "ratios": report.ratios(records),
+        "fits": fits,
+        "acceptance": report.acceptance(records, fits),
+        "suite": None,
+    }
+    if args.suite:
+        doc["suite"] = suite.run(tuple(args.suite_profiles), target=args.suite_target,
+                                 selection=args.suite_k, ci_examples=args.suite_ci_examples,
+                                 timeout_s=args.suite_timeout, log=log)
+    meta["loadavg_end"] = list(os.getloadavg())
+    meta["wall_s"] = time.perf_counter() - t0
+
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, args.name)
+    report.write_json(stem + ".json", doc)
+    md = report.markdown(doc)
+    with open(stem + ".md", "w") as f:
+        f.write(md)
+    written = [stem + ".json", stem + ".md"]
+    if not args.no_plot and records:
+        why = report.plot(doc, stem + ".png")
+        if why:
+            log(f"plot skipped: {why}")
+        else:
+            written.append(stem + ".png")
+    print(md)
+    log("wrote " + ", ".join(written))
+    missed = [a for a in doc["acceptance"] if a["pass"] is False]
+    return 1 if (args.strict and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""What is benchmarked: sizes, seeded inputs and the functions per
+(op, impl, mode).
+
+ops     delta_rule  gated_delta_rule(q, k, v, g, beta)      -> (o, final_state)
+        mixer       gdn_decoupled_conv1d(x, w, a, b, a_log, dt_bias) -> o
+impls   reference     public API, impl="reference": token scan, plain jax.grad
+        xla           public API, impl="xla": chunked, hand-written custom VJP
+        xla-autodiff  gdn_kernels.xla_impl.forward differentiated by plain
+                      jax.grad (no custom_vjp): the baseline the VJP must beat.
+                      For the mixer: mixer.prologue + xla_impl.forward.
+                      See static_inverse_loop(): traced with Python-int bounds
+                      in chunk_math's forward substitution, the only change.
+        pallas        public API, impl="pallas" (interpret mode on CPU,
+                      compiled on TPU; not runnable on GPU)
+modes   fwd           the forward outputs
+        fwd+bwd       jax.grad of sum(outputs * fixed random cotangents) with
+                      respect to every differentiable input
+
+Every function takes the primal inputs followed by the cotangents (passed as
+arguments, not closed over, so no large constants land in the HLO).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Callable, List, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import gdn_kernels
+from gdn_kernels import chunk_math
+from gdn_kernels import mixer as mixer_mod
+from gdn_kernels import xla_impl
+from gdn_kernels.chunk_math import accumulation_dtype
+from gdn_kernels.l2norm import DEFAULT_EPS
+
+OPS = ("delta_rule", "mixer")
+IMPLS = ("reference", "xla", "xla-autodiff", "pallas")
+MODES = ("fwd", "fwd+bwd")
+CONV_WIDTH = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    B: int
+    T: int
+    Hk: int
+    Hv: int
+    Dk: int
+    Dv: int
+
+    @property
+    def label(self) -> str:
+        d = f"D{self.Dk}" if self.Dk == self.Dv else f"Dk{self.Dk}-Dv{self.Dv}"
+        return f"B{self.B}-T{self.T}-Hk{self.Hk}-Hv{self.Hv}-{d}"
+
+    @property
+    def family(self) -> Tuple[int, int, int, int, int]:
+        """Everything but T: sizes of one family differ only in T (growth fits)."""
+        return (self.B, self.Hk, self.Hv, self.Dk, self.Dv)
+
+    @property
+    def family_label(self) -> str:
+        return Size(self.B, 0, self.Hk, self.Hv, self.Dk, self.Dv).label.replace("-T0", "")
+
+    @property
+    def work(self) -> int:
+        """Proportional to the flops of every impl (B T Hv Dk Dv)."""
+        return self.B * self.T * self.Hv * self.Dk * self.Dv
+
+    @property
+    def channels(self) -> int:
+        return 2 * self.Hk * self.Dk + self.Hv * self.Dv
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# From (B=1, T=256, Hk=2, Hv=4, D=64) to (B=2, T=8192, Hk=2, Hv=4, D=128).
+# Two families (D=64 and D=128) so that growth in T is fitted at fixed B, H, D.
+DEFAULT_LADDER = (
+    Size(1, 256, 2, 4, 64, 64),
+    Size(1, 512, 2, 4, 64, 64),
+    Size(1, 1024, 2, 4, 64, 64),
+    Size(2, 512, 2, 4, 128, 128),
+    Size(2, 1024, 2, 4, 128, 128),
+    Size(2, 2048, 2, 4, 128, 128),
+    Size(2, 4096, 2, 4, 128, 128),
+    Size(2, 8192, 2, 4, 128, 128),
+)
+QUICK_LADDER = (
+    Size(1, 64, 1, 2, 16, 16),
+    Size(1, 128, 1, 2, 16, 16),
+)
+ACCEPTANCE_SIZE = Size(2, 4096, 2, 4, 128, 128)
+
+
+def parse_size(text: str) -> Size:
+    """"B,T,Hk,Hv,D" or "B,T,Hk,Hv,Dk,Dv" (separators , x or :)."""
+    parts = [p for p in re.split(r"[,x:]", text.strip()) if p]
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        nums = []
+    if len(nums) == 5:
+        nums.append(nums[4])
+    if len(nums) != 6 or min(nums) < 1 or nums[3] % nums[2]:
+        raise ValueError(f"size {text!r}: expected B,T,Hk,Hv,D or B,T,Hk,Hv,Dk,Dv "
+                         "(positive ints, Hv a multiple of Hk)")
+    return Size(*nums)
+
+
+# --------------------------------------------------------------------------
+# inputs (numpy, from a seed)
+# --------------------------------------------------------------------------
+
+def _l2(x):
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+def make_inputs(op: str, size: Size, seed: int) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """(primal inputs, cotangents) as float32 numpy arrays, deterministic in
+    (op, size, seed). q, k unit rows, decay exp(g) in (0.9, 0.999)."""
+    rng = np.random.default_rng(seed)
+    s = size
+    if op == "delta_rule":
+        q = _l2(rng.standard_normal((s.B, s.T, s.Hk, s.Dk), np.float32))
+        k = _l2(rng.standard_normal((s.B, s.T, s.Hk, s.Dk), np.float32))
+        v = rng.standard_normal((s.B, s.T, s.Hv, s.Dv), np.float32)
+        g = np.log(rng.uniform(0.9, 0.999, (s.B, s.T, s.Hv))).astype(np.float32)
+        beta = rng.uniform(0.05, 0.95, (s.B, s.T, s.Hv)).astype(np.float32)
+        primals = [q, k, v, g, beta]
+        cots = [rng.standard_normal((s.B, s.T, s.Hv, s.Dv), np.float32),
+                rng.standard_normal((s.B, s.Hv, s.Dk, s.Dv), np.float32)]
+    elif op == "mixer":
+        x = rng.standard_normal((s.B, s.T, s.channels), np.float32)
+        w = (rng.standard_normal((CONV_WIDTH, s.channels), np.float32) * 0.5)
+        a = rng.standard_normal((s.B, s.T, s.Hv), np.float32)
+        b = rng.standard_normal((s.B, s.T, s.Hv), np.float32)
+        a_log = np.log(rng.uniform(1.0, 16.0, (s.Hv,))).astype(np.float32)
+        dt_bias = rng.standard_normal((s.Hv,), np.float32) * 0.5
+        primals = [x, w, a, b, a_log, dt_bias]
+        cots = [rng.standard_normal((s.B, s.T, s.Hv, s.Dv), np.float32)]
+    else:
+        raise ValueError(f"unknown op {op!r}")
+    return primals, cots
+
+
+def device_inputs(op: str, size: Size, dtype, seed: int) -> List[jax.Array]:
+    """Primals then cotangents on the default device; activations (q, k, v,
+    g, beta / x, a, b) in `dtype`, parameters and cotangents float32."""
+    primals, cots = make_inputs(op, size, seed)
+    act_idx = {"delta_rule": (0, 1, 2, 3, 4), "mixer": (0, 2, 3)}[op]
+    out = [jnp.asarray(a, dtype=dtype if i in act_idx else jnp.float32)
+           for i, a in enumerate(primals)]
+    return out + [jnp.asarray(c) for c in cots]
+
+
+# --------------------------------------------------------------------------
+# the functions
+# --------------------------------------------------------------------------
+
+# Why xla-autodiff needs this: chunk_math._forward_substitute runs
+# lax.fori_loop(jnp.int32(1), jnp.int32(n), ...). Under a trace those bounds
+# are tracers, so the loop is a while_loop, which reverse-mode autodiff
+# rejects ("Reverse-mode differentiation does not work for lax.while_loop or
+# lax.fori_loop with dynamic start/stop values"): the chunked forward as
+# written cannot be differentiated by jax.grad at all. The baseline is
+# therefore traced with the same function, same body, but Python-int bounds
+# (the version before commit e498aa1), which fori_loop lowers to a scan.
+# Only the xla-autodiff entries are traced under this; the module is restored
+# on exit. (Proposed kernel fix: see benchmarks/README.md.)
+XLA_AUTODIFF_NOTE = ("traced with Python-int bounds in chunk_math._forward_substitute's "
+                     "fori_loop (the kernel's int32 tracer bounds make it a while_loop, "
+                     "which jax.grad rejects)")
+
+
+def _forward_substitute_static(a):
+    n = a.shape[0]
+    row, col = chunk_math._row_col(n)
+    eye = (row == col).astype(a.dtype)
+
+    def body(i, inv):
+        a_row_i = jnp.where(row == i, a, 0.0)
+        return inv - chunk_math._dot(a_row_i, inv)
+
+    return jax.lax.fori_loop(1, n, body, eye)
+
+
+@contextlib.contextmanager
+def static_inverse_loop():
+    """chunk_math._forward_substitute with static loop bounds, while tracing."""
+    original = chunk_math._forward_substitute
+    chunk_math._forward_substitute = _forward_substitute_static
+    try:
+        yield
+    finally:
+        chunk_math._forward_substitute = original
+
+def _forward_fn(op: str, impl: str, size: Size, chunk: int) -> Callable:
+    s = size
+    if op == "delta_rule":
+        if impl in ("reference", "xla", "pallas"):
+            def fwd(q, k, v, g, beta):
+                return gdn_kernels.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk,
+                                                    impl=impl)
+        elif impl == "xla-autodiff":
+            def fwd(q, k, v, g, beta):
+                acc = accumulation_dtype(v.dtype)
+                s0 = jnp.zeros((s.B, s.Hv, s.Dk, s.Dv), acc)
+                with static_inverse_loop():
+                    o, s_final, _ = xla_impl.forward(q, k, v, g, beta, s0,
+                                                     float(s.Dk ** -0.5), chunk)
+                return o.astype(v.dtype), s_final
+        else:
+            raise ValueError(f"unknown impl {impl!r}")
+        return fwd
+    if op == "mixer":
+        heads = dict(num_k_heads=s.Hk, num_v_heads=s.Hv, head_k_dim=s.Dk,
+                     head_v_dim=s.Dv)
+        if impl in ("reference", "xla", "pallas"):
+            def fwd(x, w, a, b, a_log, dt_bias):
+                return gdn_kernels.gdn_decoupled_conv1d(x, w, a, b, a_log, dt_bias,
+                                                        chunk_size=chunk, impl=impl,
+                                                        **heads)
+        elif impl == "xla-autodiff":
+            cfg = mixer_mod.MixerConfig(impl="xla", num_k_heads=s.Hk, num_v_heads=s.Hv,
+                                        head_k_dim=s.Dk, head_v_dim=s.Dv,
+                                        use_qk_norm=True, eps=float(DEFAULT_EPS),
+                                        scale=float(s.Dk ** -0.5), chunk_size=chunk)
+
+            def fwd(x, w, a, b, a_log, dt_bias):
+                pro = mixer_mod.prologue(cfg, x, w, a, b, a_log, dt_bias)
+                s0 = jnp.zeros((s.B, s.Hv, s.Dk, s.Dv), pro.v.dtype)
+                with static_inverse_loop():
+                    o, _, _ = xla_impl.forward(pro.q, pro.k, pro.v, pro.g, pro.beta, s0,
+                                               cfg.scale, chunk)
+                return o.astype(x.dtype)
+        else:
+            raise ValueError(f"unknown impl {impl!r}")
+        return fwd
+    raise ValueError(f"unknown op {op!r}")
+
+
+def n_primals(op: str) -> int:
+    return {"delta_rule": 5, "mixer": 6}[op]
+
+
+def build_fn(op: str, impl: str, mode: str, size: Size, chunk: int) -> Callable:
+    """f(*primals, *cotangents): forward outputs (mode "fwd", cotangents
+    ignored) or the gradients of sum(outputs * cotangents) w.r.t. every primal."""
+    fwd = _forward_fn(op, impl, size, chunk)
+    n = n_primals(op)
+
+    if mode == "fwd":
+        def f(*args):
+            return fwd(*args[:n])
+        return f
+    if mode != "fwd+bwd":
+        raise ValueError(f"unknown mode {mode!r}")
+
+    def loss(*args):
+        outs = fwd(*args[:n])
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(outs, args[n:]))
+
+    return jax.grad(loss, argnums=tuple(range(n)))
