@@ -29,11 +29,12 @@ STATS: Dict[str, PropertyStats] = {}
 LAST_FAILURE: Dict[str, tuple] = {}
 
 
-def check_property(name: str, target, case) -> List[TensorError]:
-    """Run one property on one case, recording statistics; on failure keep
-    (case, target, rows) as the property's latest failing example (after
+def check_property(name: str, target, case, record: bool = True) -> List[TensorError]:
+    """Run one property on one case, recording statistics (record=False: the
+    meta-tests' runs on wrong targets stay out of the summary); on failure
+    keep (case, target, rows) as the property's latest failing example (after
     shrinking, Hypothesis replays the minimal one last)."""
-    stats = STATS.setdefault(name, PropertyStats())
+    stats = STATS.setdefault(name, PropertyStats()) if record else PropertyStats()
     c0, t0 = runners.compile_count(), time.perf_counter()
     try:
         rows = PROPERTIES[name].check(target, case)
