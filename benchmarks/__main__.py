@@ -10,7 +10,7 @@ profiles. Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME.png (matplotlib,
 the optional `bench` extra).
 
 examples:
-  python -m benchmarks                       # default ladder, all impls (~30 min on 2 CPU cores)
+  python -m benchmarks                       # default ladder, all impls (~15 min on 2 busy CPU cores)
   python -m benchmarks --quick --repeats 1   # tiny ladder, a smoke run
   python -m benchmarks --sizes 2,4096,2,4,128 --impls xla reference --modes fwd+bwd
   python -m benchmarks --suite --suite-only  # suite throughput only
@@ -46,13 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     lad.add_argument("--repeats", type=int, default=5,
                      help="timed runs per entry (median, min, max); default 5")
     lad.add_argument("--warmup", type=int, default=1, help="untimed runs first; default 1")
+    lad.add_argument("--settle", type=int, default=1,
+                     help="untimed runs of the same entry right before each timed run, "
+                          "so that no timed run follows another impl; default 1")
     lad.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     lad.add_argument("--chunk-size", type=int, default=64)
     lad.add_argument("--seed", type=int, default=0)
-    lad.add_argument("--time-budget", type=float, default=120.0, metavar="S",
-                     help="skip an entry whose warm-up + repeats would take longer "
-                          "(predicted from the previous rung, or measured at warm-up); "
-                          "default 120 s")
+    lad.add_argument("--time-budget", type=float, default=300.0, metavar="S",
+                     help="skip an entry whose warm-up + settle + timed runs would take "
+                          "longer (predicted from the previous rung, or measured at "
+                          "warm-up); default 300 s")
     lad.add_argument("--mem-budget-gb", type=float, default=8.0, metavar="GB",
                      help="skip running an entry whose compiled temp + argument + output "
                           "bytes exceed this (compile figures are still recorded); "
@@ -76,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"GDN_CI_EXAMPLES for the ci profile; default "
                          f"{suite.DEFAULT_CI_EXAMPLES}")
     st.add_argument("--suite-timeout", type=float, default=1800.0, metavar="S")
+    st.add_argument("--suite-json", metavar="FILE", default=None,
+                    help="instead of running the suite, copy the suite section of an "
+                         "earlier run's JSON (its own timestamps and load are kept)")
     out = p.add_argument_group("output")
     out.add_argument("--out", default="bench-results", help="output directory")
     out.add_argument("--name", default="bench", help="file stem (NAME.json/.md/.png)")
@@ -121,8 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.suite_only:
         args.suite, args.no_ladder = True, True
-    if args.repeats < 1 or args.warmup < 0:
-        _parser().error("--repeats must be >= 1 and --warmup >= 0")
+    if args.repeats < 1 or args.warmup < 0 or args.settle < 0:
+        _parser().error("--repeats must be >= 1, --warmup and --settle >= 0")
     try:
         if args.sizes:
             sizes = tuple(workloads.parse_size(s) for s in args.sizes)
@@ -144,7 +150,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         log(f"note: --repeats {args.repeats} < 5: a smoke run, not a measurement")
     cfg = runner.LadderConfig(
         sizes=sizes, ops=tuple(args.ops), impls=tuple(args.impls), modes=tuple(args.modes),
-        repeats=args.repeats, warmup=args.warmup, dtype=args.dtype, chunk=args.chunk_size,
+        repeats=args.repeats, warmup=args.warmup, settle=args.settle, dtype=args.dtype,
+        chunk=args.chunk_size,
         seed=args.seed, time_budget_s=args.time_budget,
         mem_budget_bytes=int(args.mem_budget_gb * runner.GiB),
         trace_dir=args.trace, trace_size=trace_size)
@@ -154,7 +161,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "meta": meta,
         "config": {"sizes": [s.as_dict() for s in sizes], "ops": list(cfg.ops),
                    "impls": list(cfg.impls), "modes": list(cfg.modes),
-                   "repeats": cfg.repeats, "warmup": cfg.warmup, "dtype": cfg.dtype,
+                   "repeats": cfg.repeats, "warmup": cfg.warmup, "settle": cfg.settle,
+                   "dtype": cfg.dtype,
                    "chunk": cfg.chunk, "seed": cfg.seed, "time_budget_s": cfg.time_budget_s,
                    "mem_budget_bytes": cfg.mem_budget_bytes,
                    "acceptance_size": workloads.ACCEPTANCE_SIZE.as_dict(),
@@ -165,7 +173,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         "acceptance": report.acceptance(records, fits),
         "suite": None,
     }
-    if args.suite:
+    if args.suite_json:
+        import json
+        with open(args.suite_json) as f:
+            earlier = json.load(f)
+        doc["suite"] = earlier.get("suite")
+        meta["suite_from"] = {"file": os.path.abspath(args.suite_json),
+                              "started": earlier["meta"].get("started"),
+                              "git": earlier["meta"].get("git")}
+    elif args.suite:
         doc["suite"] = suite.run(tuple(args.suite_profiles), target=args.suite_target,
                                  selection=args.suite_k, ci_examples=args.suite_ci_examples,
                                  timeout_s=args.suite_timeout, log=log)

@@ -160,8 +160,9 @@ def markdown(doc: dict) -> str:
         f"- {meta['started']}, {meta['wall_s']:.0f} s; load average (1 min) "
         f"{meta['loadavg_start'][0]:.2f} at start, {meta['loadavg_end'][0]:.2f} at end",
         f"- dtype {cfg['dtype']}, chunk {cfg['chunk']}, seed {cfg['seed']}; median of "
-        f"{cfg['repeats']} runs after {cfg['warmup']} warm-up run(s), impls interleaved per "
-        f"size; budgets per entry: {cfg['time_budget_s']:.0f} s, "
+        f"{cfg['repeats']} timed runs after {cfg['warmup']} warm-up run(s); impls interleaved "
+        f"round by round, each timed run right after {cfg.get('settle', 0)} untimed run(s) of "
+        f"the same function; budgets per entry: {cfg['time_budget_s']:.0f} s, "
         f"{cfg['mem_budget_bytes'] / (1 << 30):.1f} GiB",
         "- fwd+bwd = jax.grad of sum(outputs * fixed random cotangents) w.r.t. every input; "
         "temp = compiled temp_size_in_bytes (memory_analysis); rel err = max over outputs "
@@ -218,6 +219,9 @@ def markdown(doc: dict) -> str:
     suite = doc.get("suite")
     if suite:
         lines += ["", "## Suite throughput", ""]
+        if meta.get("suite_from"):
+            lines += [f"(from the run of {meta['suite_from']['started']}, "
+                      f"{meta['suite_from']['file']})", ""]
         for prof, s in suite.items():
             lines.append(f"### profile {prof} (target {s['target']}"
                          + (f", GDN_CI_EXAMPLES={s['ci_examples']}" if s.get("ci_examples") else "")
