@@ -5,7 +5,9 @@ dev      default: a few minutes; the local example database (.hypothesis/) is
          failure found before replays first.
 ci       derandomized, more examples, print_blob=True; no database, except
          where GDN_HYPOTHESIS_DB is set (the GitHub workflow): then failures
-         found in CI are saved there and uploaded as the shared database.
+         found in CI are saved there (and uploaded as the shared database),
+         stored failures replay first, and the run is not derandomized
+         (Hypothesis allows no database with derandomize=True).
 nightly  many examples, random seeds, target()-guided search for the
          largest error / bound ratio.
 repro    replays only the stored examples (explicit @example rows and the
@@ -48,10 +50,13 @@ def register_profiles() -> None:
         "dev", max_examples=EXAMPLES["dev"], deadline=None,
         suppress_health_check=_SUPPRESS, database=dev_database(),
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink, Phase.explain])
+    # Hypothesis refuses derandomize=True together with a database: where the
+    # GitHub workflow shares a database (GDN_HYPOTHESIS_DB), the ci profile
+    # trades derandomization for saving and replaying failures.
     ci_db = (DirectoryBasedExampleDatabase(os.environ["GDN_HYPOTHESIS_DB"])
              if os.environ.get("GDN_HYPOTHESIS_DB") else None)
     settings.register_profile(
-        "ci", max_examples=EXAMPLES["ci"], deadline=None, derandomize=True,
+        "ci", max_examples=EXAMPLES["ci"], deadline=None, derandomize=ci_db is None,
         print_blob=True, database=ci_db, suppress_health_check=_SUPPRESS,
         phases=[Phase.explicit] + ([Phase.reuse] if ci_db else [])
         + [Phase.generate, Phase.shrink])
