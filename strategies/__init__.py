@@ -3,6 +3,7 @@
 
 from .cases import (DeltaRuleCase, MixerCase, NearZeroRow, case_from_json,
                     case_repr, case_to_json)
+from . import explicit, shapes
 from .composite import delta_rule_cases, mixer_cases, near_zero_rows
 from .lattice import delta_geometries, mixer_geometries
 from .inputs import cotangent, delta_rule_inputs, mixer_inputs
@@ -11,5 +12,5 @@ __all__ = [
     "DeltaRuleCase", "MixerCase", "NearZeroRow", "case_from_json", "case_repr",
     "case_to_json", "delta_rule_cases", "mixer_cases", "near_zero_rows",
     "cotangent", "delta_rule_inputs", "mixer_inputs", "delta_geometries",
-    "mixer_geometries",
+    "mixer_geometries", "explicit", "shapes",
 ]

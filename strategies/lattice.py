@@ -15,18 +15,16 @@ import functools
 import itertools
 from typing import Dict, List, Sequence, Tuple
 
+from .shapes import LATTICE_LAYOUTS, LAYOUTS
+
 CHUNK_SIZES = (16, 32, 64)
 BATCHES = (1, 2)
 CONV_WIDTHS = (4, 2)
 
-# (k_heads, group, dk, dv): Hv = k_heads * group value heads.
-HEAD_LAYOUTS = (
-    (1, 1, 16, 16),   # plain
-    (1, 2, 16, 8),    # GVA, Dk > Dv
-    (2, 2, 8, 16),    # GVA, several key heads, Dk < Dv
-    (1, 4, 8, 8),     # G = 4
-    (2, 1, 16, 24),   # Dv not a power of two
-)
+# (k_heads, group, dk, dv): Hv = k_heads * group value heads; the named
+# layouts of strategies.shapes (plain, GVA with Dk > Dv, several key heads
+# with Dk < Dv, G = 4, Dv not a power of two).
+HEAD_LAYOUTS = tuple(LAYOUTS[name].as_tuple() for name in LATTICE_LAYOUTS)
 
 # Sequence-length kinds relative to the chunk size C.
 LENGTH_KINDS = ("1", "C-1", "C", "C+1", "2C-1", "2C+1", "3C+5", "free")

@@ -43,17 +43,17 @@ def run_suite(target: Optional[str], profile: Optional[str], extra: List[str]) -
 def replay(path: str, target: Optional[str]) -> int:
     """Rerun one counterexample file; 0 if the property now holds, 1 if not."""
     from . import counterexamples
-    from .properties import PROPERTIES, PropertyFailure
+    from .registry import PropertyFailure, load_all
     from .targets import Target
     from .tolerance import format_table
 
     record = counterexamples.load(path)
     spec = target or record["target"]
-    prop = PROPERTIES[record["property"]]
+    prop = load_all()[record["property"]]
     print(f"replaying {record['property']} on {spec}")
     print(f"case: {record['case']}")
     try:
-        rows = prop.check(Target.parse(spec), record["case_obj"])
+        rows = prop.run(Target.parse(spec), record["case_obj"])
     except PropertyFailure as err:
         print(format_table(err.rows))
         print(f"STILL FAILS: {record['property']}")

@@ -1,18 +1,21 @@
-"""Glue between the property functions and pytest/Hypothesis: per-property
-statistics for the summary, and the last failing case of each property for
-the counterexample file."""
+"""Glue between the registered properties and pytest/Hypothesis: the test
+generated for each property, per-property statistics for the summary, and
+the last failing case of each property for the counterexample file."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
-from hypothesis import settings
+import pytest
+from hypothesis import example, given, settings
 
 from . import runners
-from .properties import PROPERTIES, PropertyFailure
+from .registry import Property, PropertyFailure, load_all
 from .tolerance import TensorError
+
+MARKER = "gdn_property"
 
 
 @dataclasses.dataclass
@@ -22,6 +25,7 @@ class PropertyStats:
     seconds: float = 0.0
     compiles: int = 0
     first_failure_at: int = 0     # 1-based example index of the first failure
+    not_checkable: int = 0        # examples whose check could not resolve the question
     worst: Dict[str, TensorError] = dataclasses.field(default_factory=dict)
 
 
@@ -37,7 +41,7 @@ def check_property(name: str, target, case, record: bool = True) -> List[TensorE
     stats = STATS.setdefault(name, PropertyStats()) if record else PropertyStats()
     c0, t0 = runners.compile_count(), time.perf_counter()
     try:
-        rows = PROPERTIES[name].check(target, case)
+        rows = load_all()[name].run(target, case)
     except PropertyFailure as err:
         stats.failures += 1
         stats.first_failure_at = stats.first_failure_at or stats.examples + 1
@@ -55,6 +59,7 @@ def check_property(name: str, target, case, record: bool = True) -> List[TensorE
         stats.seconds += time.perf_counter() - t0
         stats.compiles += runners.compile_count() - c0
     _update_worst(stats, rows)
+    stats.not_checkable += any(r.note.startswith("not checkable") for r in rows)
     return rows
 
 
@@ -65,10 +70,6 @@ def _update_worst(stats: PropertyStats, rows: List[TensorError]) -> None:
             stats.worst[r.name] = r
 
 
-def pop_failure(name: str) -> Optional[tuple]:
-    return LAST_FAILURE.pop(name, None)
-
-
 def examples(weight: float):
     """A settings decorator scaling the profile's max_examples by `weight`:
     cheap properties (no compile per example) run more examples, the ones
@@ -77,9 +78,27 @@ def examples(weight: float):
     return settings(max_examples=max(1, int(round(base * weight))))
 
 
+def hypothesis_test(p: Property):
+    """The pytest test of one property: @given its strategy, its explicit
+    examples first, its share of the profile's example budget, marked
+    gdn_property(<id>) for selection by id (--gdn-properties)."""
+    def test(gdn_target, case):
+        check_property(p.id, gdn_target, case)
+
+    test.__name__ = test.__qualname__ = f"test_{p.id}"
+    test.__doc__ = p.doc
+    # Hypothesis keys its example database by the test's source: the
+    # generated tests share one, so the property id is added to the key.
+    test._hypothesis_internal_add_digest = p.id.encode()
+    wrapped = given(case=p.strategy)(test)
+    for case in reversed(p.examples):
+        wrapped = example(case=case)(wrapped)
+    return getattr(pytest.mark, MARKER)(p.id)(examples(p.weight)(wrapped))
+
+
 def stats_json() -> dict:
     """Per-property statistics as plain JSON (for the mutation runner)."""
     return {name: {"examples": st.examples, "failures": st.failures,
                    "first_failure_at": st.first_failure_at, "seconds": st.seconds,
-                   "compiles": st.compiles}
+                   "compiles": st.compiles, "not_checkable": st.not_checkable}
             for name, st in STATS.items()}

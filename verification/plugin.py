@@ -1,6 +1,6 @@
 """The pytest plugin of the suite (loaded by the repo's conftest.py and by
-`gdn-verify`): --gdn-target, the header, counterexample files, and the
-per-property summary table."""
+`gdn-verify`): --gdn-target, --gdn-properties (select properties by id),
+the header, counterexample files, and the per-property summary table."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import time
 import pytest
 from hypothesis import settings
 
-from . import counterexamples, harness, runners
+from . import counterexamples, harness, registry, runners
 from .profiles import register_profiles, selected_profile
 from .targets import ENV_VAR as TARGET_ENV
 from .targets import Target
+from .tolerance import NEAR_ZERO
 
 register_profiles()
 settings.load_profile(selected_profile())
@@ -25,7 +26,10 @@ def pytest_addoption(parser):
     group = parser.getgroup("gdn-verify")
     group.addoption("--gdn-target", default=None,
                     help=f"MODULE[:IMPL] under test (env {TARGET_ENV}; default "
-                         "gdn_kernels:pallas, or gdn_kernels:xla without Pallas)")
+                         "gdn_kernels:pallas)")
+    group.addoption("--gdn-properties", default=None, metavar="ID[,ID...]",
+                    help="run only these registered properties (by id; 'all' = every "
+                         "property, no other test)")
 
 
 def pytest_configure(config):
@@ -33,6 +37,37 @@ def pytest_configure(config):
     if spec:
         os.environ[TARGET_ENV] = spec
     _START["t"], _START["compiles"] = time.perf_counter(), runners.compile_count()
+    config.addinivalue_line("markers", f"{harness.MARKER}(id): the test of registered "
+                                       "property <id> (verification/registry.py)")
+
+
+def selected_ids(option: str):
+    """The property ids of a --gdn-properties value (UsageError if unknown)."""
+    ids = [i.strip() for i in option.split(",") if i.strip()]
+    if ids == ["all"]:
+        return list(registry.load_all())
+    try:
+        registry.load_all()
+        return [p.id for p in registry.select(ids)]
+    except ValueError as err:
+        raise pytest.UsageError(f"--gdn-properties: {err}") from None
+
+
+def pytest_collection_modifyitems(config, items):
+    option = config.getoption("--gdn-properties", default=None)
+    if not option:
+        return
+    wanted = set(selected_ids(option))
+    keep, drop = [], []
+    for item in items:
+        mark = item.get_closest_marker(harness.MARKER)
+        (keep if mark is not None and mark.args[0] in wanted else drop).append(item)
+    missing = wanted - {i.get_closest_marker(harness.MARKER).args[0] for i in keep}
+    if missing:
+        raise pytest.UsageError(f"--gdn-properties: no test collected for {sorted(missing)}")
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 def _profile_name() -> str:
@@ -71,6 +106,18 @@ def pytest_runtest_makereport(item, call):
     harness.LAST_FAILURE.clear()
 
 
+def _worst_text(row) -> str:
+    """The worst row as the verdict judged it: relative and absolute error,
+    or the absolute error alone for a row judged by the near-zero floor."""
+    if not row.bound_rel and not row.bound_abs:
+        return "all exact/structural checks"
+    if row.note == NEAR_ZERO:
+        measure = f"abs {row.max_abs:.2e} / {row.bound_abs:.1e} (near-zero)"
+    else:
+        measure = f"rel {row.rel_l2:.2e} / {row.bound_rel:.1e}"
+    return f"{row.name}: {measure}, ratio {row.ratio:.2f}"
+
+
 def summary_lines():
     lines = []
     head = f"{'property':<34}{'examples':>9}{'fail':>5}{'compiles':>9}{'time s':>8}  worst tensor (error/bound)"
@@ -81,9 +128,9 @@ def summary_lines():
         st = harness.STATS[name]
         total_ex += st.examples
         worst = sorted(st.worst.values(), key=lambda r: -r.ratio)[:1]
-        w = (f"{worst[0].name}: rel {worst[0].rel_l2:.2e} / {worst[0].bound_rel:.1e}, "
-             f"ratio {worst[0].ratio:.2f}") if worst and worst[0].bound_rel else \
-            ("all exact/structural checks" if worst else "-")
+        w = _worst_text(worst[0]) if worst else "-"
+        if st.not_checkable:
+            w += f"; {st.not_checkable} example(s) not checkable (see the rows' notes)"
         lines.append(f"{name:<34}{st.examples:>9}{st.failures:>5}{st.compiles:>9}"
                      f"{st.seconds:>8.1f}  {w}")
     lines.append(f"total: {total_ex} examples, {runners.compile_count() - _START['compiles']} "

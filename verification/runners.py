@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gdn_kernels import api as reference_api
+from gdn_kernels.interpret import resolved_mode
 from strategies import cotangent, delta_rule_inputs, mixer_inputs
 from strategies.cases import DeltaRuleCase, MixerCase
 
@@ -87,8 +88,10 @@ def mixer_static(case: MixerCase) -> Tuple:
 
 # -------------------------------------------------------------- runners
 @functools.lru_cache(maxsize=None)
-def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool):
-    """jit((arrays, cotangents) -> (outputs, grads)) for one op."""
+def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool, mode: str):
+    """jit((arrays, cotangents) -> (outputs, grads)) for one op; `mode` (the
+    GDN_INTERPRET mode read now) keys the cache, so a mode change retraces."""
+    del mode
     kw = dict(static)
 
     if op == "delta":
@@ -111,14 +114,16 @@ def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_runner(fn: Callable, op: str, static: Tuple, has_state: bool):
+def _forward_runner(fn: Callable, op: str, static: Tuple, has_state: bool, mode: str):
+    del mode
     kw = dict(static)
     if op == "delta" and has_state:
         return jax.jit(lambda *a: fn(*a[:-1], initial_state=a[-1], **kw))
     return jax.jit(lambda *a: fn(*a, **kw))
 
 
-def _target_fn(target: Target, op: str):
+def target_fn(target: Target, op: str):
+    """The target's function for op "delta" (gated_delta_rule) or "mixer"."""
     return target.gated_delta_rule if op == "delta" else target.gdn_decoupled_conv1d
 
 
@@ -173,7 +178,7 @@ def run_vjp(fn, case, inputs, cts, *, x64=False):
     op = case_op(case)
     names = tuple(inputs)
     has_state = "initial_state" in inputs
-    runner = _vjp_runner(fn, op, _static(case), has_state)
+    runner = _vjp_runner(fn, op, _static(case), has_state, resolved_mode())
     if x64:
         with jax.enable_x64(True):
             arrays = tuple(np.asarray(inputs[n], np.float64) for n in names)
@@ -188,7 +193,8 @@ def run_vjp(fn, case, inputs, cts, *, x64=False):
 def run_forward(fn, case, inputs, *, x64=False):
     op = case_op(case)
     names = tuple(inputs)
-    runner = _forward_runner(fn, op, _static(case), "initial_state" in inputs)
+    runner = _forward_runner(fn, op, _static(case), "initial_state" in inputs,
+                             resolved_mode())
     if x64:
         with jax.enable_x64(True):
             out = runner(*(np.asarray(inputs[n], np.float64) for n in names))
@@ -201,28 +207,28 @@ def run_forward(fn, case, inputs, *, x64=False):
 def target_vjp(target: Target, case, inputs=None):
     """The target's outputs and input cotangents on a case."""
     inputs = case_inputs(case) if inputs is None else inputs
-    cts = _cotangents_like(case)
-    return run_vjp(_target_fn(target, case_op(case)), case, inputs,
+    cts = cotangents(case)
+    return run_vjp(target_fn(target, case_op(case)), case, inputs,
                    tuple(c.astype(np.float32) for c in cts))
 
 
 def oracle_vjp(case, inputs=None):
     """The float64 oracle's outputs and cotangents (same input values)."""
     inputs = case_inputs(case) if inputs is None else inputs
-    return run_vjp(_ORACLE_FNS[case_op(case)], case, inputs, _cotangents_like(case), x64=True)
+    return run_vjp(_ORACLE_FNS[case_op(case)], case, inputs, cotangents(case), x64=True)
 
 
 def reference_vjp(case, inputs=None):
     """The same-precision reference (token scan on the case's dtypes)."""
     inputs = case_inputs(case) if inputs is None else inputs
-    cts = _cotangents_like(case)
+    cts = cotangents(case)
     return run_vjp(_ORACLE_FNS[case_op(case)], case, inputs,
                    tuple(c.astype(np.float32) for c in cts))
 
 
 def target_forward(target: Target, case, inputs=None):
     inputs = case_inputs(case) if inputs is None else inputs
-    return run_forward(_target_fn(target, case_op(case)), case, inputs)
+    return run_forward(target_fn(target, case_op(case)), case, inputs)
 
 
 def oracle_forward(case, inputs=None):
@@ -235,5 +241,6 @@ def reference_forward(case, inputs=None):
     return run_forward(_ORACLE_FNS[case_op(case)], case, inputs)
 
 
-def _cotangents_like(case):
+def cotangents(case):
+    """The case's float64 output cotangents (one per output)."""
     return output_cotangents(case, _out_shapes(case))

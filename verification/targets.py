@@ -13,26 +13,18 @@ import os
 from typing import Optional
 
 ENV_VAR = "GDN_TARGET"
-
-
-def default_target_spec() -> str:
-    """gdn_kernels:pallas once the Pallas backend exists, else gdn_kernels:xla."""
-    try:
-        importlib.import_module("gdn_kernels.pallas_impl")
-        return "gdn_kernels:pallas"
-    except ModuleNotFoundError:
-        return "gdn_kernels:xla"
+DEFAULT_TARGET = "gdn_kernels:pallas"
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A module implementing CONTRACT.md, plus an optional impl= value."""
+    """A module implementing docs/contract.md, plus an optional impl= value."""
     module_name: str
     impl: Optional[str] = None
 
     @classmethod
     def parse(cls, spec: Optional[str] = None) -> "Target":
-        spec = spec or os.environ.get(ENV_VAR) or default_target_spec()
+        spec = spec or os.environ.get(ENV_VAR) or DEFAULT_TARGET
         module_name, _, impl = spec.partition(":")
         target = cls(module_name=module_name.strip(), impl=impl.strip() or None)
         target.check()
@@ -56,7 +48,7 @@ class Target:
         for name in ("gated_delta_rule", "gdn_decoupled_conv1d"):
             if not callable(getattr(module, name, None)):
                 raise ValueError(f"target module {self.module_name!r} has no "
-                                 f"callable {name} (CONTRACT.md)")
+                                 f"callable {name} (docs/contract.md)")
 
     def _impl_kwargs(self) -> dict:
         return {"impl": self.impl} if self.impl else {}

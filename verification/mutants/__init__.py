@@ -34,13 +34,64 @@ def _root() -> str:
     return _ROOT["dir"]
 
 
+class PatchError(ValueError):
+    """A mutant's patch no longer applies (its kernel line was renamed or
+    moved): the mutation run fails loudly, naming the mutant."""
+
+
 def apply_patch(source: str, mutant: Mutant) -> str:
-    """The mutated source; the original text must occur exactly `count` times."""
+    """The mutated source. The patch site must occur exactly `count` times
+    and the patch must change code, not only comments (PatchError)."""
     found = source.count(mutant.old)
     if found != mutant.count:
-        raise ValueError(f"mutant {mutant.name}: expected {mutant.count} occurrence(s) "
-                         f"of its patch site in {mutant.file}, found {found}")
-    return source.replace(mutant.old, mutant.new)
+        raise PatchError(f"mutant {mutant.name}: expected {mutant.count} occurrence(s) "
+                         f"of its patch site in gdn_kernels/{mutant.file}, found {found} "
+                         f"(was the kernel line renamed or moved? update "
+                         f"verification/mutants/catalog.py)")
+    mutated = source.replace(mutant.old, mutant.new)
+    if _code_tokens(mutated) == _code_tokens(source):
+        raise PatchError(f"mutant {mutant.name}: its patch changes only comments or "
+                         f"whitespace in gdn_kernels/{mutant.file}")
+    return mutated
+
+
+def _code_tokens(source: str):
+    """The source's tokens without comments and layout (what Python runs)."""
+    import io
+    import tokenize
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+            tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
+    return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type not in skip]
+
+
+def changed_functions(source: str, mutated: str, filename: str):
+    """Qualified names of the functions (code objects) whose compiled
+    bytecode, constants or names differ between source and mutated."""
+    def code_objects(text):
+        found = {}
+
+        def walk(code, prefix):
+            name = f"{prefix}.{code.co_name}" if prefix else code.co_name
+            consts = tuple(c for c in code.co_consts if not hasattr(c, "co_code"))
+            found[name] = (code.co_code, repr(consts), code.co_names)
+            for c in code.co_consts:
+                if hasattr(c, "co_code"):
+                    walk(c, name)
+
+        walk(compile(text, filename, "exec"), "")
+        return found
+
+    before, after = code_objects(source), code_objects(mutated)
+    return sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+
+
+def mutated_source(name: str) -> tuple:
+    """(original, mutated) source of the file mutant `name` patches."""
+    mutant = MUTANTS[name]
+    with open(os.path.join(_package_dir(), mutant.file)) as f:
+        source = f.read()
+    return source, apply_patch(source, mutant)
 
 
 def materialize(name: str) -> str:
@@ -49,13 +100,11 @@ def materialize(name: str) -> str:
     module_name = PREFIX + name
     target_dir = os.path.join(_root(), module_name)
     if not os.path.isdir(target_dir):
+        _, mutated = mutated_source(name)      # PatchError before any copy
         shutil.copytree(_package_dir(), target_dir,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        path = os.path.join(target_dir, mutant.file)
-        with open(path) as f:
-            source = f.read()
-        with open(path, "w") as f:
-            f.write(apply_patch(source, mutant))
+        with open(os.path.join(target_dir, mutant.file), "w") as f:
+            f.write(mutated)
     return module_name
 
 

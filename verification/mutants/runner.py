@@ -4,11 +4,14 @@ For each mutant and each impl whose code it breaks, a fresh Python process
 runs the suite (ci profile, derandomized) against gdn_mutant_<name>:<impl>
 with the persistent compile cache OFF (a stale cache entry must never hide a
 mutant), stopping at the first failing test. The declared faster subset:
-only the tests of the mutant's declared killer properties run first; if
-none of them fails, the whole suite runs (and a survivor is reported).
-The unmutated package is run the same way on the union of all subsets.
-Writes mutation-report.json and mutation-report.md; exits 1 if any mutant
-survives or the unmutated package fails.
+only the mutant's declared killer properties run first (selected by
+property id, --gdn-properties); if none of them fails, the whole suite runs
+(and a survivor is reported). A mutant counts as killed only when a
+property recorded a failure on it; a mutant whose patch no longer applies,
+or whose run errors outside the properties, is reported by name as an
+error and fails the gate. The unmutated package is run the same way on the
+union of all subsets. Writes mutation-report.json and mutation-report.md;
+exits 1 if any mutant survives or errors, or the unmutated package fails.
 """
 
 from __future__ import annotations
@@ -22,13 +25,10 @@ import tempfile
 import time
 from typing import List, Optional
 
-from . import MUTANTS, PREFIX
+from ..registry import load_all, select
+from . import MUTANTS, PREFIX, PatchError, materialize
 
 SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-def _test_name(prop: str) -> str:
-    from ..suite import SUITE
-    return SUITE[prop].test
 
 
 def _env(mutant_dir: str, stats_file: str, compile_cache: bool) -> dict:
@@ -53,7 +53,7 @@ def run_suite_process(target: str, properties: Optional[List[str]], mutant_dir: 
            "--hypothesis-profile", "ci", "--gdn-target", target, "-p", "no:cacheprovider",
            "--ignore", os.path.join(SUITE_DIR, "test_mutation_zoo.py")]
     if properties:
-        cmd += ["-k", " or ".join(_test_name(p) for p in properties)]
+        cmd += ["--gdn-properties", ",".join(p.id for p in select(properties))]
     env = _env(mutant_dir, stats_file, compile_cache)
     if examples:
         env["GDN_CI_EXAMPLES"] = str(examples)
@@ -78,6 +78,14 @@ def _killer(stats: dict):
 def run_mutant(name: str, impl: str, mutant_dir: str, examples: Optional[int]) -> dict:
     mutant = MUTANTS[name]
     target = f"{PREFIX}{name}:{impl}"
+    record = {"mutant": name, "impl": impl, "description": mutant.description,
+              "killed": False, "killed_by": None, "examples_to_kill": None}
+    os.environ["GDN_MUTANT_DIR"] = mutant_dir
+    try:
+        materialize(name)
+    except PatchError as err:
+        return record | {"status": "patch failed", "wall_s": 0.0, "subset": "-",
+                         "log_tail": str(err)}
     result = run_suite_process(target, list(mutant.killers), mutant_dir, examples)
     subset = "declared killers: " + ", ".join(mutant.killers)
     wall = result["wall_s"]
@@ -86,18 +94,19 @@ def run_mutant(name: str, impl: str, mutant_dir: str, examples: Optional[int]) -
         subset = "whole suite (declared killers missed it)"
         wall += result["wall_s"]
     killer, at = _killer(result["stats"])
-    killed = result["returncode"] not in (0, 5)
-    return {"mutant": name, "impl": impl, "description": mutant.description,
-            "killed": killed, "killed_by": killer, "examples_to_kill": at,
-            "wall_s": round(wall, 1), "subset": subset,
-            "log_tail": None if killed and killer else result["tail"]}
+    killed = killer is not None and result["returncode"] == 1
+    status = "killed" if killed else ("survived" if result["returncode"] == 0 else "error")
+    return record | {"status": status, "killed": killed, "killed_by": killer,
+                     "examples_to_kill": at, "wall_s": round(wall, 1), "subset": subset,
+                     "log_tail": None if killed else result["tail"]}
 
 
 def markdown(report: dict) -> str:
     lines = ["| mutant | impl | killed | killed by | examples to kill | wall s | what it models |",
              "|---|---|---|---|---|---|---|"]
     for r in report["mutants"]:
-        lines.append(f"| {r['mutant']} | {r['impl']} | {'yes' if r['killed'] else '**SURVIVED**'} | "
+        verdict = "yes" if r["killed"] else f"**{r['status'].upper()}**"
+        lines.append(f"| {r['mutant']} | {r['impl']} | {verdict} | "
                      f"{r['killed_by'] or '-'} | {r['examples_to_kill'] or '-'} | {r['wall_s']} | "
                      f"{r['description']} |")
     b = report["baseline"]
@@ -110,12 +119,12 @@ def markdown(report: dict) -> str:
 def main(only: Optional[List[str]] = None, report_dir: str = ".",
          examples: Optional[int] = None) -> int:
     names = only or list(MUTANTS)
-    impls_available = ["xla"]
-    try:
-        import gdn_kernels.pallas_impl  # noqa: F401
-        impls_available.append("pallas")
-    except ModuleNotFoundError:
-        pass
+    unknown = [n for n in names if n not in MUTANTS]
+    if unknown:
+        raise SystemExit(f"gdn-verify mutants: unknown mutant(s) {unknown}")
+    load_all()
+    for n in names:                      # killers must be registered properties
+        select(MUTANTS[n].killers)
     mutant_dir = tempfile.mkdtemp(prefix="gdn-mutants-")
     union = sorted({p for n in names for p in MUTANTS[n].killers})
     t0 = time.perf_counter()
@@ -130,11 +139,9 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
     results = []
     for name in names:
         for impl in MUTANTS[name].impls:
-            if impl not in impls_available:
-                continue
             r = run_mutant(name, impl, mutant_dir, examples)
             results.append(r)
-            print(f"{name:<32} {impl:<7} {'killed' if r['killed'] else 'SURVIVED':<9} "
+            print(f"{name:<32} {impl:<7} {r['status'].upper() if not r['killed'] else 'killed':<9} "
                   f"by {r['killed_by']} after {r['examples_to_kill']} example(s), "
                   f"{r['wall_s']} s", flush=True)
     killed = sum(r["killed"] for r in results)

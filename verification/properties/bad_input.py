@@ -1,17 +1,22 @@
-"""Generated contract violations: each is (argument name, callable) and must
-raise ValueError/TypeError naming the argument, before any kernel runs."""
+"""Bad input: every generated contract violation raises the documented
+exception type (ValueError, or TypeError for a non-floating dtype) whose
+message names the offending argument, before any kernel runs."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable, Dict
 
 import numpy as np
 
+from strategies import mixer_cases
 from strategies.cases import MixerCase
 from strategies.inputs import mixer_inputs
 
-from .runners import mixer_static
+from ..registry import prop
+from ..runners import mixer_static
+from ..tolerance import structural_row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,3 +122,24 @@ def violations(target, case: MixerCase) -> Dict[Violation, Callable]:
             _delta_call(target, d, chunk_size=32.0),
     }
     return out
+
+
+@prop("bad_input_raises_named_error", family="bad_input", strategy=mixer_cases(near_zero=False),
+      weight=4, wrong_target="verification.wrong_targets.unvalidated",
+      covers={"Hk=2": lambda c: c.k_heads == 2, "dk=8": lambda c: c.dk == 8})
+def bad_input_raises_named_error(target, case: MixerCase):
+    """Every generated contract violation raises the documented exception
+    type (ValueError, or TypeError for a non-floating dtype) whose message
+    names the offending argument; nothing else escapes."""
+    rows = []
+    for violation, call in violations(target, case).items():
+        try:
+            call()
+            ok, note = False, "no error raised"
+        except violation.error as err:
+            ok = re.search(rf"\b{re.escape(violation.argument)}\b", str(err)) is not None
+            note = f"message does not name {violation.argument!r}: {err}"
+        except Exception as err:  # noqa: BLE001 - the finding is the wrong type
+            ok, note = False, f"{type(err).__name__} instead of {violation.error.__name__}: {err}"
+        rows.append(structural_row(violation.kind, ok, note[:120]))
+    return rows

@@ -1,0 +1,17 @@
+"""The suite's properties, one module per family; importing this package
+registers them all in verification.registry.PROPERTIES.
+
+  parity             outputs and every gradient vs the float64 oracle
+  eps                QK L2-norm eps consistency: near-zero rows, finite
+                     differences of the target's own forward, scale invariance
+  reduced_gradients  a_log / dt_bias cotangent shapes and broadcast sums
+  metamorphic        chunk size, split, causality, batch rows, GVA, determinism
+  stability          no spurious NaN on expanding recurrences
+  bad_input          contract violations raise named errors
+"""
+
+# Import order is test order: parity first.
+from . import parity, eps, reduced_gradients, metamorphic, stability, bad_input  # noqa: F401,I001
+from ..registry import PROPERTIES, PropertyFailure
+
+__all__ = ["PROPERTIES", "PropertyFailure"]

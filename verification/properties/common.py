@@ -1,0 +1,55 @@
+"""Helpers shared by the property families: which dtype's bounds a tensor is
+judged by, the oracle-parity rows, and shape/dtype rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strategies.cases import DeltaRuleCase, MixerCase
+
+from .. import runners
+from ..tolerance import TensorError, compare_to_oracle, structural_row
+
+
+def dtype_of(case, name: str) -> str:
+    """The dtype (policy key) a tensor is produced in."""
+    if name == "final_state":
+        return "float32"
+    if isinstance(case, MixerCase) and name in ("conv_weight", "a_log", "dt_bias"):
+        return case.param_dtype
+    if isinstance(case, DeltaRuleCase) and name == "initial_state":
+        return case.state_dtype
+    return case.dtype
+
+
+def shape_dtype_row(name: str, grad, primal) -> TensorError:
+    """Structural row: grad (an array or a ShapeDtypeStruct) has exactly the
+    primal's shape and dtype."""
+    got = (tuple(np.shape(grad)), np.dtype(grad.dtype))
+    want = (tuple(np.shape(primal)), np.dtype(primal.dtype))
+    return structural_row(name + " shape/dtype", got == want,
+                          f"got {got[0]} {got[1]}, primal {want[0]} {want[1]}")
+
+
+def parity_rows(target, case, with_grads: bool):
+    """Every output (and with_grads: every cotangent, plus its shape/dtype)
+    of the target vs the float64 oracle, bounded by the same-precision
+    reference's error (verification.tolerance)."""
+    inputs = runners.case_inputs(case)
+    names = runners.output_names(case)
+    if with_grads:
+        k_out, k_grads = runners.target_vjp(target, case, inputs)
+        o_out, o_grads = runners.oracle_vjp(case, inputs)
+        r_out, r_grads = runners.reference_vjp(case, inputs)
+    else:
+        k_out = runners.target_forward(target, case, inputs)
+        o_out = runners.oracle_forward(case, inputs)
+        r_out = runners.reference_forward(case, inputs)
+    rows = [compare_to_oracle(n, k, o, r, dtype_of(case, n))
+            for n, k, o, r in zip(names, k_out, o_out, r_out)]
+    if with_grads:
+        for n in inputs:
+            rows.append(compare_to_oracle("d" + n, k_grads[n], o_grads[n], r_grads[n],
+                                          dtype_of(case, n)))
+            rows.append(shape_dtype_row("d" + n, k_grads[n], inputs[n]))
+    return rows

@@ -1,0 +1,80 @@
+"""Parity with the float64 oracle: outputs, final state and every gradient
+of both ops (the token scan with plain autodiff, gdn_kernels.reference)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from strategies import delta_rule_cases, explicit, mixer_cases
+from strategies.cases import DeltaRuleCase, MixerCase
+
+from ..registry import prop
+from .common import parity_rows
+
+# Regressions found by this suite (docs/kernel-authors.md, "Findings").
+STRONG_DECAY_T15 = DeltaRuleCase(batch=1, seq_len=15, k_heads=1, group=1, dk=16, dv=16,
+                                 chunk=16, dtype="float32", state_dtype="float32", seed=0,
+                                 has_initial_state=False, gate_regime="strong_decay")
+LARGE_A_LOG_T15 = dataclasses.replace(STRONG_DECAY_T15, gate_regime="large_a_log")
+MIXER_LARGE_A_LOG_T15 = MixerCase(batch=2, seq_len=15, k_heads=1, group=1, dk=16, dv=16,
+                                  chunk=16, conv_width=4, dtype="float32",
+                                  param_dtype="float32", a_log_shape=(1,), dt_bias_shape=(1,),
+                                  seed=1, gate_regime="large_a_log")
+
+DELTA_COVERS = {
+    "T=1": lambda c: c.seq_len == 1,
+    "T=C+1": lambda c: c.seq_len == c.chunk + 1,
+    "GVA": lambda c: c.group > 1,
+    "Dk!=Dv": lambda c: c.dk != c.dv,
+    "bfloat16": lambda c: c.dtype == "bfloat16",
+    "strong decay": lambda c: c.gate_regime == "strong_decay",
+    "beta ~ 0": lambda c: c.beta_regime == "zero",
+    "zero q/k row": lambda c: bool(c.zero_rows),
+    "initial state": lambda c: c.has_initial_state,
+}
+MIXER_COVERS = {
+    "T=1": lambda c: c.seq_len == 1,
+    "GVA": lambda c: c.group > 1,
+    "bfloat16 params": lambda c: c.param_dtype == "bfloat16",
+    "[B,Hv] a_log": lambda c: len(c.a_log_shape) == 2 and c.a_log_shape[0] == c.batch > 1,
+    "[B,T,Hv] dt_bias": lambda c: len(c.dt_bias_shape) == 3 and c.dt_bias_shape[:2] == (
+        c.batch, c.seq_len) and c.batch > 1 and c.seq_len > 1,
+    "strong decay": lambda c: c.gate_regime == "strong_decay",
+    "large a_log": lambda c: c.gate_regime == "large_a_log",
+    "no qk norm": lambda c: not c.use_qk_norm,
+    "near-zero row": lambda c: bool(c.near_zero),
+}
+
+
+@prop("mixer_forward_parity", family="parity", strategy=mixer_cases(),
+      wrong_target="gdn_mutant_beta_applied_twice:xla", covers=MIXER_COVERS)
+def mixer_forward_parity(target, case: MixerCase):
+    """gdn_decoupled_conv1d output matches the float64 oracle."""
+    return parity_rows(target, case, with_grads=False)
+
+
+@prop("delta_rule_forward_parity", family="parity", strategy=delta_rule_cases(),
+      wrong_target="gdn_mutant_no_decay_between_chunks:xla",
+      examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15), covers=DELTA_COVERS)
+def delta_rule_forward_parity(target, case: DeltaRuleCase):
+    """gated_delta_rule output and final state match the float64 oracle."""
+    return parity_rows(target, case, with_grads=False)
+
+
+@prop("mixer_gradient_parity", family="parity", strategy=mixer_cases(),
+      wrong_target="gdn_mutant_conv_bwd_shift_by_one:xla",
+      examples=(MIXER_LARGE_A_LOG_T15,) + explicit.MIXER_CASES, covers=MIXER_COVERS)
+def mixer_gradient_parity(target, case: MixerCase):
+    """Every cotangent of gdn_decoupled_conv1d (x, conv_weight, a, b, a_log,
+    dt_bias) matches jax.vjp of the float64 oracle."""
+    return parity_rows(target, case, with_grads=True)
+
+
+@prop("delta_rule_gradient_parity", family="parity", strategy=delta_rule_cases(),
+      wrong_target="gdn_mutant_dinitial_state_dropped:xla",
+      examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15) + explicit.DELTA_CASES,
+      covers=DELTA_COVERS)
+def delta_rule_gradient_parity(target, case: DeltaRuleCase):
+    """Every cotangent of gated_delta_rule (q, k, v, g, beta, initial_state),
+    with a random cotangent on o AND on final_state, matches the oracle."""
+    return parity_rows(target, case, with_grads=True)

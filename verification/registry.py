@@ -1,0 +1,118 @@
+"""The property registry: each property of the suite is declared once, beside
+its check function, with everything the runners need.
+
+    @prop("mixer_forward_parity", family="parity", strategy=mixer_cases(),
+          wrong_target="gdn_mutant_beta_applied_twice:xla",
+          covers={"bfloat16": lambda c: c.dtype == "bfloat16"})
+    def mixer_forward_parity(target, case):
+        '''gdn_decoupled_conv1d output matches the float64 oracle.'''
+        return [...rows...]
+
+A check is a plain function `check(target, case) -> rows` (TensorError rows,
+verification.tolerance); it knows nothing of pytest or Hypothesis, so
+`gdn-verify replay` reruns exactly the same check on a stored case. The
+pytest tests are generated from this registry (verification/harness.py,
+verification/test_properties.py); the mutation runner, the benchmarks and
+the meta-tests select properties by id, never by a test-function name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Dict, List, Mapping, Tuple
+
+from hypothesis import strategies as st
+from hypothesis import target as hypothesis_target
+
+from .tolerance import TensorError, format_table, worst
+
+FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "stability", "bad_input")
+
+
+class PropertyFailure(AssertionError):
+    """A property does not hold; .rows holds the error table."""
+
+    def __init__(self, prop: str, rows: List[TensorError], message: str = ""):
+        self.prop, self.rows = prop, rows
+        super().__init__(f"{prop} failed{': ' + message if message else ''}\n"
+                         + format_table(rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class Property:
+    """One registered property.
+
+    id:           stable name (test name test_<id>, counterexample files,
+                  mutant killers, --gdn-properties)
+    family:       one of FAMILIES (the module it is declared in)
+    check:        check(target, case) -> rows
+    strategy:     the Hypothesis strategy of its cases
+    weight:       example budget relative to the profile's max_examples
+    wrong_target: a target spec this property must fail (meta-test)
+    examples:     explicit cases run first in every profile (regressions)
+    covers:       coverage claims: name -> predicate on a case; the
+                  strategy must reach each (meta-test)
+    """
+    id: str
+    family: str
+    check: Callable
+    strategy: st.SearchStrategy
+    weight: float
+    wrong_target: str
+    examples: Tuple = ()
+    covers: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
+
+    @property
+    def doc(self) -> str:
+        return (self.check.__doc__ or "").strip().splitlines()[0]
+
+    def run(self, target, case) -> List[TensorError]:
+        """Check one case: the rows, or PropertyFailure when a row fails."""
+        return conclude(self.id, self.check(target, case))
+
+
+PROPERTIES: Dict[str, Property] = {}
+
+
+def prop(prop_id: str, *, family: str, strategy: st.SearchStrategy, wrong_target: str,
+         weight: float = 1.0, examples: Tuple = (), covers: Mapping[str, Callable] = None):
+    """Register the decorated check function as property `prop_id`."""
+    if family not in FAMILIES:
+        raise ValueError(f"property {prop_id}: unknown family {family!r}")
+
+    def deco(check):
+        if prop_id in PROPERTIES:
+            raise ValueError(f"property {prop_id} declared twice")
+        PROPERTIES[prop_id] = Property(prop_id, family, check, strategy, weight,
+                                       wrong_target, tuple(examples), dict(covers or {}))
+        return check
+    return deco
+
+
+def select(ids) -> List[Property]:
+    """The properties named by ids (ValueError naming any unknown id)."""
+    unknown = [i for i in ids if i not in PROPERTIES]
+    if unknown:
+        raise ValueError(f"unknown property id(s) {unknown}; registered: {sorted(PROPERTIES)}")
+    return [PROPERTIES[i] for i in ids]
+
+
+def conclude(prop_id: str, rows: List[TensorError], message: str = "") -> List[TensorError]:
+    """Raise PropertyFailure if any row fails; feed the worst ratio to
+    hypothesis.target() (nightly's search for the largest error)."""
+    w = worst(rows)
+    if w is not None and math.isfinite(w.ratio):
+        try:
+            hypothesis_target(float(w.ratio), label=f"{prop_id}: worst error / bound")
+        except Exception:  # noqa: BLE001 - outside @given (replay, CLI)
+            pass
+    if any(not r.passed for r in rows):
+        raise PropertyFailure(prop_id, rows, message)
+    return rows
+
+
+def load_all() -> Dict[str, Property]:
+    """Import every family module (which registers its properties)."""
+    from . import properties  # noqa: F401
+    return PROPERTIES
