@@ -12,6 +12,8 @@ import dataclasses
 import json
 from typing import Tuple
 
+from .shapes import HeadLayout
+
 
 @dataclasses.dataclass(frozen=True)
 class NearZeroRow:
@@ -28,14 +30,9 @@ class NearZeroRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class DeltaRuleCase:
-    """One gated_delta_rule example (inputs q, k, v, g, beta, initial_state).
-
-    key_norm: row norm of k (and q); beta * key_norm**2 <= 2 is a stable
-    (contractive) recurrence. gate_regime / beta_regime: see
-    strategies.regimes. zero_rows: (which, batch, token, key head) rows of q
-    or k set to exactly zero.
-    """
+class CaseShape:
+    """The shape fields both case types start with: batch B, sequence length
+    T, key heads Hk, group G = Hv / Hk, Dk, Dv and the chunk size C."""
     batch: int
     seq_len: int
     k_heads: int
@@ -43,6 +40,30 @@ class DeltaRuleCase:
     dk: int
     dv: int
     chunk: int
+
+    @property
+    def layout(self) -> HeadLayout:
+        return HeadLayout(self.k_heads, self.group, self.dk, self.dv)
+
+    @property
+    def v_heads(self) -> int:
+        return self.layout.v_heads
+
+    @property
+    def channels(self) -> int:
+        """Mixer conv channels C = 2 Hk Dk + Hv Dv."""
+        return self.layout.channels
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaRuleCase(CaseShape):
+    """One gated_delta_rule example (inputs q, k, v, g, beta, initial_state).
+
+    key_norm: row norm of k (and q); beta * key_norm**2 <= 2 is a stable
+    (contractive) recurrence. gate_regime / beta_regime: see
+    strategies.regimes. zero_rows: (which, batch, token, key head) rows of q
+    or k set to exactly zero.
+    """
     dtype: str
     state_dtype: str
     seed: int
@@ -53,30 +74,19 @@ class DeltaRuleCase:
     zero_rows: Tuple[Tuple[str, int, int, int], ...] = ()
 
     @property
-    def v_heads(self) -> int:
-        return self.k_heads * self.group
-
-    @property
     def stable(self) -> bool:
         """beta * |k|^2 <= 2 everywhere (beta < 1 by construction)."""
         return self.key_norm ** 2 <= 2.0
 
 
 @dataclasses.dataclass(frozen=True)
-class MixerCase:
+class MixerCase(CaseShape):
     """One gdn_decoupled_conv1d example (x, conv_weight, a, b, a_log, dt_bias).
 
     a_log_shape / dt_bias_shape: the parameter shapes ([Hv], [B', Hv] or
     [B', T', Hv], size-1 axes broadcast). param_dtype: dtype of conv_weight,
     a_log and dt_bias (float32 or the activation dtype).
     """
-    batch: int
-    seq_len: int
-    k_heads: int
-    group: int
-    dk: int
-    dv: int
-    chunk: int
     conv_width: int
     dtype: str
     param_dtype: str
@@ -88,14 +98,6 @@ class MixerCase:
     gate_regime: str = "ordinary"
     beta_regime: str = "ordinary"
     near_zero: Tuple[NearZeroRow, ...] = ()
-
-    @property
-    def v_heads(self) -> int:
-        return self.k_heads * self.group
-
-    @property
-    def channels(self) -> int:
-        return 2 * self.k_heads * self.dk + self.v_heads * self.dv
 
 
 CASE_TYPES = {"DeltaRuleCase": DeltaRuleCase, "MixerCase": MixerCase}

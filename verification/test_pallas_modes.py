@@ -1,0 +1,176 @@
+"""gdn_kernels' own backends in every execution mode, through the suite's
+shared runners, cases and tolerance policy (no harness of its own):
+
+  contract  pallas vs the float64 oracle within the contract's acceptance
+            bounds (tolerance.DTYPES: float32 1e-5 outputs / 1e-4 gradients,
+            bfloat16 2e-2) on the explicit cases (strategies.explicit),
+            and float64 inputs through the kernels equal the oracle to 1e-12;
+  tpu-sim   GDN_INTERPRET=tpu-sim (TPU memory simulated, out-of-bounds
+            reads raise, uninitialised memory is NaN): the gradient-parity
+            properties hold on the explicit cases of <= 8 grid steps;
+  twin      pallas vs its XLA twin within tolerance.DTYPES[...].twin, and two
+            runs of each bitwise identical;
+  lowering  GDN_INTERPRET=off: both ops and their gradients lower for TPU
+            from this CPU machine, yielding the forward/backward Mosaic kernels.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+import gdn_kernels as gk
+from gdn_kernels import interpret
+from strategies import explicit
+from strategies.cases import replace
+
+from . import runners
+from .properties.parity import delta_rule_gradient_parity, mixer_gradient_parity
+from .registry import conclude
+from .targets import Target
+from .tolerance import DTYPES, bounded, compare_self
+
+PALLAS, XLA = Target.parse("gdn_kernels:pallas"), Target.parse("gdn_kernels:xla")
+CASES = explicit.DELTA_CASES + explicit.MIXER_CASES
+F32_CASES = tuple(c for c in CASES if c.dtype == "float32")
+SIM_MAX_STEPS = 8   # the simulator runs ~2 ms per grid step
+SIM_CASES = tuple(c for c in CASES if explicit.grid_steps(c) <= SIM_MAX_STEPS)
+
+
+def _named(case, out, grads):
+    return dict(zip(runners.output_names(case), out)) | {"d" + n: g for n, g in grads.items()}
+
+
+def _contract_rows(case, got, want, dtype_for):
+    rows = []
+    for name, value in got.items():
+        tol = DTYPES[dtype_for(name)]
+        bound = tol.contract_grad if name.startswith("d") else tol.contract_out
+        rows.append(bounded(name, value, want[name], bound, np.inf, dtype_for(name)))
+    return rows
+
+
+@pytest.fixture
+def hlo_mode(monkeypatch):
+    monkeypatch.setenv(interpret.ENV_VAR, "hlo")
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_pallas_meets_contract_bounds(case, hlo_mode):
+    inputs = runners.case_inputs(case)
+    got = _named(case, *runners.target_vjp(PALLAS, case, inputs))
+    want = _named(case, *runners.oracle_vjp(case, inputs))
+    # every tensor of a case is bounded by its activation dtype: with
+    # bfloat16 activations even the float32 state and its cotangent carry
+    # bfloat16 rounding
+    conclude("pallas contract bounds", _contract_rows(case, got, want, lambda n: case.dtype))
+
+
+@pytest.mark.parametrize("case", (explicit.DELTA_CASES[1], explicit.MIXER_CASES[1]), ids=repr)
+def test_pallas_float64_equals_oracle(case, hlo_mode):
+    """float64 inputs run the kernels in float64 (accumulation_dtype): the
+    chunked algorithm then equals the token scan to rounding."""
+    case64 = replace(case, dtype="float64", **({"state_dtype": "float64"} if hasattr(
+        case, "state_dtype") else {"param_dtype": "float64"}))
+    inputs = {n: x.astype(np.float64) for n, x in runners.case_inputs(case).items()}
+    out, grads = runners.run_vjp(runners.target_fn(PALLAS, runners.case_op(case)), case64,
+                                 inputs, runners.cotangents(case), x64=True)
+    assert all(x.dtype == np.float64 for x in (*out, *grads.values()))
+    want = _named(case, *runners.oracle_vjp(case, inputs))
+    conclude("pallas float64", _contract_rows(case64, _named(case, out, grads), want,
+                                              lambda n: "float64"))
+
+
+def test_simulator_case_list():
+    assert len(SIM_CASES) >= 6
+    assert any(c.seq_len % c.chunk for c in SIM_CASES)
+    assert {runners.case_op(c) for c in SIM_CASES} == {"delta", "mixer"}
+
+
+@pytest.mark.parametrize("case", SIM_CASES, ids=repr)
+def test_gradient_parity_in_tpu_simulator(case, monkeypatch):
+    monkeypatch.setenv(interpret.ENV_VAR, "tpu-sim")
+    assert interpret.resolved_mode() == "tpu-sim"
+    check = delta_rule_gradient_parity if runners.case_op(case) == "delta" else \
+        mixer_gradient_parity
+    try:
+        conclude("gradient parity (tpu-sim)", check(PALLAS, case))
+    except Exception:
+        pltpu.reset_tpu_interpret_mode_state()
+        raise
+
+
+@pytest.mark.parametrize("case", F32_CASES, ids=repr)
+def test_pallas_matches_xla_twin(case, hlo_mode):
+    inputs = runners.case_inputs(case)
+    pallas = _named(case, *runners.target_vjp(PALLAS, case, inputs))
+    xla = _named(case, *runners.target_vjp(XLA, case, inputs))
+    tol = DTYPES["float32"].twin
+    conclude("pallas vs xla", [bounded(n, pallas[n], xla[n], tol, tol * max(
+        1.0, float(np.max(np.abs(xla[n])))), "float32") for n in pallas])
+
+
+@pytest.mark.parametrize("case", (F32_CASES[3], F32_CASES[-1]), ids=repr)
+@pytest.mark.parametrize("target", (PALLAS, XLA), ids=str)
+def test_two_runs_bitwise_identical(case, target, hlo_mode):
+    first = _named(case, *runners.target_vjp(target, case))
+    second = _named(case, *runners.target_vjp(target, case))
+    conclude("bitwise repeat", [compare_self(n, first[n], second[n], "float32", exact=True)
+                                for n in first])
+
+
+# --------------------------------------------------------------------------
+# lowering for TPU from this CPU machine
+# --------------------------------------------------------------------------
+
+def _lowering_args(op, dtype):
+    s = jax.ShapeDtypeStruct
+    b, t, hk, hv, dk, dv = 2, 100, 1, 2, 32, 64
+    if op == "delta":
+        return (s((b, t, hk, dk), dtype), s((b, t, hk, dk), dtype), s((b, t, hv, dv), dtype),
+                s((b, t, hv), dtype), s((b, t, hv), dtype), s((b, hv, dk, dv), jnp.float32))
+    ch = 2 * hk * dk + hv * dv
+    return (s((b, t, ch), dtype), s((4, ch), jnp.float32), s((b, t, hv), dtype),
+            s((b, t, hv), dtype), s((hv,), jnp.float32), s((b, hv), jnp.float32))
+
+
+def _lowering_fn(op, grad):
+    if op == "delta":
+        def f(q, k, v, g, beta, s0):
+            return gk.gated_delta_rule(q, k, v, g, beta, initial_state=s0, chunk_size=32)
+
+        def loss(*args):
+            o, s = f(*args)
+            return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s * s)
+    else:
+        def f(x, w, a, b, a_log, dt_bias):
+            return gk.gdn_decoupled_conv1d(x, w, a, b, a_log, dt_bias, num_k_heads=1,
+                                           num_v_heads=2, head_k_dim=32, head_v_dim=64,
+                                           chunk_size=32)
+
+        def loss(*args):
+            return jnp.sum(f(*args).astype(jnp.float32) ** 2)
+    return jax.grad(loss, argnums=tuple(range(6))) if grad else f
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+@pytest.mark.parametrize("op", ["delta", "mixer"])
+def test_lowers_for_tpu(op, grad, dtype, monkeypatch):
+    monkeypatch.setenv(interpret.ENV_VAR, "off")
+    text = (jax.jit(_lowering_fn(op, grad))
+            .trace(*_lowering_args(op, jnp.dtype(dtype)))
+            .lower(lowering_platforms=("tpu",)).as_text())
+    calls = re.findall(r"@tpu_custom_call\(", text)
+    names = re.findall(r'kernel_name = "(gdn_chunk_\w+)"', text)
+    if grad:
+        assert sorted(names) == ["gdn_chunk_backward", "gdn_chunk_forward"]
+        assert len(calls) == 2
+    else:
+        assert names == ["gdn_chunk_forward"]
+        assert len(calls) == 1
