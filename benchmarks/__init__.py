@@ -4,8 +4,10 @@ forward+backward, per implementation over a size ladder; optional suite
 throughput. Run `python -m benchmarks --help` (or `gdn-verify bench`).
 
 Modules:
-  workloads   sizes, seeded inputs, the benchmarked functions per (op, impl, mode)
-  runner      compile (cached once per shape), budgets, interleaved timing
-  suite       pytest throughput under the dev / ci profiles (subprocess)
-  report      ratios, log-log growth fits, acceptance, JSON / Markdown / PNG
+  workloads    sizes (from the head layouts of strategies/shapes.py), seeded
+               inputs, the benchmarked functions per (op, impl, mode)
+  timing       compile (cached once per shape), budgets, interleaved timing
+  throughput   pytest throughput under the dev / ci profiles (subprocess)
+  report       ratios, log-log growth fits, acceptance, JSON / Markdown / PNG
+  profile_vjp  where the time of the xla path goes (stages, cost analysis)
 """

@@ -12,7 +12,7 @@ the optional `bench` extra).
 examples:
   python -m benchmarks                       # default ladder, all impls (~15 min on 2 busy CPU cores)
   python -m benchmarks --quick --repeats 1   # tiny ladder, a smoke run
-  python -m benchmarks --sizes 2,4096,2,4,128 --impls xla reference --modes fwd+bwd
+  python -m benchmarks --sizes bench-d128,2,4096 --impls xla reference --modes fwd+bwd
   python -m benchmarks --suite --suite-only  # suite throughput only
 """
 
@@ -27,7 +27,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import report, runner, suite, workloads
+from . import report, throughput, timing, workloads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,8 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     lad = p.add_argument_group("ladder")
     lad.add_argument("--quick", action="store_true",
                      help="tiny ladder " + ", ".join(s.label for s in workloads.QUICK_LADDER))
-    lad.add_argument("--sizes", nargs="+", metavar="B,T,Hk,Hv,D[,Dv]", default=None,
-                     help="explicit sizes (default: the ladder "
+    lad.add_argument("--sizes", nargs="+", metavar="LAYOUT,B,T", default=None,
+                     help="explicit sizes: a head layout of strategies/shapes.py "
+                          "(bench-quick, bench-d64, bench-d128, ...) with B and T, or "
+                          "B,T,Hk,Hv,D[,Dv] (default: the ladder "
                           f"{workloads.DEFAULT_LADDER[0].label} .. "
                           f"{workloads.DEFAULT_LADDER[-1].label})")
     lad.add_argument("--impls", nargs="+", choices=workloads.IMPLS, default=list(workloads.IMPLS))
@@ -64,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     lad.add_argument("--trace", metavar="DIR", default=None,
                      help="write a jax.profiler trace of one extra run per entry at "
                           "--trace-size (default: the acceptance size, else the largest)")
-    lad.add_argument("--trace-size", metavar="B,T,Hk,Hv,D[,Dv]", default=None)
+    lad.add_argument("--trace-size", metavar="LAYOUT,B,T", default=None)
     st = p.add_argument_group("suite throughput (minutes)")
     st.add_argument("--suite", action="store_true",
                     help="also run the suite subset under each --suite-profiles profile")
@@ -72,12 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--suite-profiles", nargs="+", default=["dev", "ci"],
                     choices=("dev", "ci", "nightly"))
     st.add_argument("--suite-target", default=None,
-                    help="MODULE[:IMPL] (default: the suite's default target)")
-    st.add_argument("--suite-k", default=suite.DEFAULT_SELECTION,
-                    help="pytest -k expression (default: a representative subset)")
-    st.add_argument("--suite-ci-examples", type=int, default=suite.DEFAULT_CI_EXAMPLES,
+                    help=f"MODULE[:IMPL] (default: the suite's default target, "
+                         f"{throughput.DEFAULT_TARGET})")
+    st.add_argument("--suite-properties", default=",".join(throughput.DEFAULT_PROPERTIES),
+                    metavar="ID[,ID...]",
+                    help="property ids, passed as --gdn-properties (default: "
+                         + ",".join(throughput.DEFAULT_PROPERTIES) + ")")
+    st.add_argument("--suite-ci-examples", type=int, default=throughput.DEFAULT_CI_EXAMPLES,
                     help=f"GDN_CI_EXAMPLES for the ci profile; default "
-                         f"{suite.DEFAULT_CI_EXAMPLES}")
+                         f"{throughput.DEFAULT_CI_EXAMPLES}")
     st.add_argument("--suite-timeout", type=float, default=1800.0, metavar="S")
     st.add_argument("--suite-json", metavar="FILE", default=None,
                     help="instead of running the suite, copy the suite section of an "
@@ -94,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 def _git_describe() -> Optional[str]:
     try:
         return subprocess.run(["git", "describe", "--always", "--dirty"],
-                              cwd=suite.REPO_ROOT, capture_output=True, text=True,
+                              cwd=throughput.REPO_ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip() or None
     except Exception:  # noqa: BLE001
         return None
@@ -113,7 +118,7 @@ def _meta(argv) -> dict:
         "platform": dev.platform, "device_kind": dev.device_kind,
         "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
         "machine": _platform.machine(),
-        "pallas_mode": runner.interpret_mode("pallas"),
+        "pallas_mode": timing.interpret_mode("pallas"),
         "git": _git_describe(),
         "env": {k: os.environ.get(k) for k in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR",
                                                 "GDN_INTERPRET", "JAX_ENABLE_X64")
@@ -138,7 +143,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             workloads.ACCEPTANCE_SIZE if workloads.ACCEPTANCE_SIZE in sizes else sizes[-1])
     except ValueError as err:
         _parser().error(str(err))
-    log = runner.stderr_log
+    log = timing.stderr_log
 
     t0 = time.perf_counter()
     meta = _meta(argv)
@@ -148,14 +153,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         log("note: JAX_COMPILATION_CACHE_DIR is set: compile times may be cache hits")
     if args.repeats < 5:
         log(f"note: --repeats {args.repeats} < 5: a smoke run, not a measurement")
-    cfg = runner.LadderConfig(
+    cfg = timing.LadderConfig(
         sizes=sizes, ops=tuple(args.ops), impls=tuple(args.impls), modes=tuple(args.modes),
         repeats=args.repeats, warmup=args.warmup, settle=args.settle, dtype=args.dtype,
         chunk=args.chunk_size,
         seed=args.seed, time_budget_s=args.time_budget,
-        mem_budget_bytes=int(args.mem_budget_gb * runner.GiB),
+        mem_budget_bytes=int(args.mem_budget_gb * timing.GiB),
         trace_dir=args.trace, trace_size=trace_size)
-    records = [] if args.no_ladder else runner.run_ladder(cfg, log)
+    records = [] if args.no_ladder else timing.run_ladder(cfg, log)
     fits = report.growth_fits(records)
     doc = {
         "meta": meta,
@@ -182,9 +187,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                               "started": earlier["meta"].get("started"),
                               "git": earlier["meta"].get("git")}
     elif args.suite:
-        doc["suite"] = suite.run(tuple(args.suite_profiles), target=args.suite_target,
-                                 selection=args.suite_k, ci_examples=args.suite_ci_examples,
-                                 timeout_s=args.suite_timeout, log=log)
+        properties = tuple(p for p in args.suite_properties.split(",") if p)
+        doc["suite"] = throughput.run(tuple(args.suite_profiles), target=args.suite_target,
+                                      properties=properties,
+                                      ci_examples=args.suite_ci_examples,
+                                      timeout_s=args.suite_timeout, log=log)
     meta["loadavg_end"] = list(os.getloadavg())
     meta["wall_s"] = time.perf_counter() - t0
 

@@ -1,106 +1,114 @@
-"""Where the time of the chunked XLA fwd+bwd goes: the hand-written VJP
-(impl="xla") against jax.grad through the same forward (xla-autodiff).
+"""Where the time of the chunked XLA path goes: the hand-written VJP
+(impl="xla") against jax.grad through the same forward (xla-autodiff), and
+the forward and backward split into their stages.
 
-  python -m benchmarks.profile_vjp [--size B,T,Hk,Hv,D] [--repeats N] [--order-effect]
+  python -m benchmarks.profile_vjp [--size LAYOUT,B,T] [--repeats N] [--order-effect]
 
 Prints, for gated_delta_rule at one size (default the acceptance size):
   1. XLA cost analysis (flops, bytes accessed) and compiled temp memory of
      xla fwd, xla fwd+bwd, xla-autodiff fwd+bwd;
   2. interleaved, settled medians of xla vs xla-autodiff fwd+bwd;
-  3. the hand-written backward (xla_impl.backward) split into its stages,
-     each jitted alone on the forward's residuals:
-       prep    chunked layout, chunk_decay, chunk_wy_factors, chunk_attention,
-               chunk_cotangent_terms (vmapped over all chunks)
-       scan    the reverse scan carrying dS (chunk_state_cotangent_step)
-       chunks  chunk_backward vmapped over all chunks (recomputes decay, WY
-               factors, attention, cotangent terms and the dS step itself)
-       layout  from_chunks / sum_head_groups of the gradients
-     and the autodiff backward (fwd+bwd minus fwd);
-  4. with --order-effect: the xla fwd+bwd timed right after its own run and
-     right after a reference fwd+bwd run (why runner.py settles each run).
+  3. xla_impl.forward by stage, each jitted alone (ms and us/token):
+       intra    chunked layout, chunk_intra (decay, inverse, WY factors),
+                vmapped over all chunks
+       scan     the scan over chunks carrying the state
+       outputs  chunk_output vmapped over all chunks
+  4. xla_impl.backward by stage, each jitted alone on the forward's residuals:
+       intra    chunked layout, chunk_backward_intra (decay, WY factors,
+                attention, dS1-independent terms) vmapped over all chunks
+       scan     the reverse scan carrying dS (chunk_state_cotangent_step)
+       chunks   chunk_backward vmapped over all chunks (from the scan's dE)
+       layout   from_chunks / sum_head_groups of the gradients
+  5. with --order-effect: the xla fwd+bwd timed right after its own run and
+     right after a reference fwd+bwd run (why timing.py settles each run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from gdn_kernels import chunk_math as cm
-from gdn_kernels import layout, xla_impl
+from gdn_kernels import xla_impl
 
-from . import runner, workloads
+from . import timing, workloads
 
 
-def _median_interleaved(fns, args_list, repeats, settle=1):
-    times = {name: [] for name in fns}
-    for r in range(repeats):
-        for name in fns:
+def _median_interleaved(entries, repeats, settle=1):
+    """entries: name -> (fn, args). Returns name -> (median, min, max) s."""
+    times = {name: [] for name in entries}
+    for _ in range(repeats):
+        for name, (fn, args) in entries.items():
             for _ in range(settle):
-                jax.block_until_ready(fns[name](*args_list[name]))
+                jax.block_until_ready(fn(*args))
             t0 = time.perf_counter()
-            jax.block_until_ready(fns[name](*args_list[name]))
+            jax.block_until_ready(fn(*args))
             times[name].append(time.perf_counter() - t0)
     return {k: (statistics.median(v), min(v), max(v)) for k, v in times.items()}
 
 
-def _vmap_n(fn, depth, in_axes=0):
-    for _ in range(depth):
-        fn = jax.vmap(fn, in_axes=in_axes)
-    return fn
+def _print_times(res, tokens=None):
+    for name, (med, lo, hi) in res.items():
+        per_token = f"  {med / tokens * 1e6:7.1f} us/token" if tokens else ""
+        print(f"   {name:<26}{med * 1e3:9.1f} [{lo * 1e3:.1f}, {hi * 1e3:.1f}]{per_token}")
 
 
-def backward_stages(chunk, scale):
-    """The stages of xla_impl.backward as separately jittable functions
-    (same code, cut at the stage boundaries)."""
+def _flops(fn, args) -> str:
+    try:
+        ca = fn.lower(*args).compile().cost_analysis()
+        ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+        return f"{ca.get('flops', 0) / 1e9:9.2f} GFLOP"
+    except Exception as err:  # noqa: BLE001 - not every backend has it
+        return f"no cost analysis ({err})"
 
-    def prep(q, k, v, g, beta, tinv, do):
-        acc = jnp.float32
-        qc, kc, vc, gc, bc = xla_impl._chunked_inputs(q, k, v, g, beta, chunk, acc)
-        doc = layout.to_chunks(do, chunk, acc)
-        dec = _vmap_n(cm.chunk_decay, 3)(gc)
-        intra = _vmap_n(cm.chunk_wy_factors, 3)(kc, vc, bc, dec, tinv)
-        p = _vmap_n(cm.chunk_attention, 3)(qc, kc, dec)
-        terms = _vmap_n(cm.chunk_cotangent_terms, 3, in_axes=(0, 0, 0, 0, None))(
-            qc, p, doc, dec, scale)
-        return qc, kc, vc, gc, bc, doc, intra, terms
 
-    def scan(kc, intra, terms, ds_final):
-        def step(ds1, xs):
-            k_n, intra_n, terms_n = xs
-            _, ds0 = _vmap_n(cm.chunk_state_cotangent_step, 2)(ds1, k_n, intra_n, terms_n)
-            return ds0, ds1
-        return lax.scan(step, ds_final, (kc, intra, terms), reverse=True)
+def forward_stages(q, k, v, g, beta, s0, scale, chunk):
+    """xla_impl.forward's stages, jitted, with their arguments: name -> (fn, args)."""
+    acc = jnp.float32
+    t = q.shape[1]
+    j_intra = jax.jit(lambda *a: xla_impl.forward_intra(*a, chunk, acc))
+    j_scan = jax.jit(lambda *a: xla_impl.state_scan(*a, acc))
+    j_out = jax.jit(lambda *a: xla_impl.chunk_outputs(*a, scale, t))
+    qc, kc, intra = jax.block_until_ready(j_intra(q, k, v, g, beta))
+    _, states, new_values = jax.block_until_ready(j_scan(s0, kc, intra))
+    return {"intra": (j_intra, (q, k, v, g, beta)),
+            "scan": (j_scan, (s0, kc, intra)),
+            "outputs": (j_out, (qc, kc, states, new_values, intra.dec))}
 
-    def chunks(qc, kc, vc, gc, bc, states, tinv, doc, ds_ends):
-        return _vmap_n(cm.chunk_backward, 3, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, 0, None))(
-            qc, kc, vc, gc, bc, states, tinv, doc, ds_ends, scale)
 
-    def finish(grads, t, group):
-        dq = layout.sum_head_groups(layout.from_chunks(grads.dq, t), group)
-        dk = layout.sum_head_groups(layout.from_chunks(grads.dk, t), group)
-        return (dq, dk, layout.from_chunks(grads.dv, t),
-                layout.scalars_from_chunks(grads.dg, t),
-                layout.scalars_from_chunks(grads.dbeta, t))
-
-    return prep, scan, chunks, finish
+def backward_stages(q, k, v, g, beta, res, do, ds_final, scale, chunk):
+    """xla_impl.backward's stages, jitted, with their arguments: name -> (fn, args)."""
+    acc = jnp.float32
+    t, group = q.shape[1], v.shape[2] // q.shape[2]
+    j_intra = jax.jit(lambda *a: xla_impl.backward_intra(*a, scale, chunk, acc))
+    j_scan = jax.jit(lambda *a: xla_impl.state_cotangent_scan(*a, acc))
+    j_chunks = jax.jit(lambda *a: xla_impl.chunk_grads(*a, scale))
+    j_layout = jax.jit(lambda grads: xla_impl.grads_to_contract(grads, t, group))
+    qc, kc, vc, bc, doc, bwd = jax.block_until_ready(j_intra(q, k, v, g, beta, res.tinv, do))
+    _, ds_ends, d_new = jax.block_until_ready(j_scan(ds_final, kc, bwd))
+    chunks_args = (qc, kc, vc, bc, res.states, doc, ds_ends, d_new, bwd)
+    grads = jax.block_until_ready(j_chunks(*chunks_args))
+    return {"intra": (j_intra, (q, k, v, g, beta, res.tinv, do)),
+            "scan": (j_scan, (ds_final, kc, bwd)),
+            "chunks (chunk_backward)": (j_chunks, chunks_args),
+            "layout": (j_layout, (grads,))}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_vjp")
-    ap.add_argument("--size", default="2,4096,2,4,128")
+    ap.add_argument("--size", default="bench-d128,2,4096", metavar="LAYOUT,B,T",
+                    help="LAYOUT,B,T or B,T,Hk,Hv,D[,Dv] (default: the acceptance size)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--chunk-size", type=int, default=64)
     ap.add_argument("--order-effect", action="store_true")
     args = ap.parse_args(argv)
     size = workloads.parse_size(args.size)
     chunk, scale = args.chunk_size, float(size.Dk ** -0.5)
-    import os
     print(f"{size.label}, chunk {chunk}, {jax.devices()[0].device_kind}, "
           f"load {os.getloadavg()[0]:.2f}")
 
@@ -110,72 +118,52 @@ def main(argv=None) -> int:
     print("\n1. cost analysis (fwd+bwd = grad of sum(o*co) + sum(S_T*cs))")
     print(f"{'entry':<22}{'GFLOP':>9}{'GB accessed':>13}{'temp MiB':>10}")
     for impl, mode in (("xla", "fwd"), ("xla", "fwd+bwd"), ("xla-autodiff", "fwd+bwd")):
-        c, info = runner.compile_entry("delta_rule", impl, mode, size, jnp.float32, chunk, arrs)
-        compiled[(impl, mode)] = c
+        c, info = timing.compile_entry("delta_rule", impl, mode, size, jnp.float32, chunk, arrs)
+        compiled[f"{impl} {mode}"] = c
         print(f"{impl + ' ' + mode:<22}{info.get('flops', 0) / 1e9:9.2f}"
               f"{info.get('bytes_accessed', 0) / 1e9:13.2f}{info['temp_bytes'] / 2**20:10.1f}")
     print("   (flops of while/scan bodies are counted once per loop by XLA's cost analysis,"
           " not per iteration)")
 
     print(f"\n2. interleaved, settled, {args.repeats} runs: median [min, max] ms")
-    res = _median_interleaved(
-        {"xla fwd+bwd": compiled[("xla", "fwd+bwd")],
-         "xla-autodiff fwd+bwd": compiled[("xla-autodiff", "fwd+bwd")],
-         "xla fwd": compiled[("xla", "fwd")]},
-        {"xla fwd+bwd": arrs, "xla-autodiff fwd+bwd": arrs, "xla fwd": arrs}, args.repeats)
-    for name, (med, lo, hi) in res.items():
-        print(f"   {name:<22}{med * 1e3:9.1f} [{lo * 1e3:.1f}, {hi * 1e3:.1f}]")
+    res = _median_interleaved({name: (c, arrs) for name, c in compiled.items()}, args.repeats)
+    _print_times(res)
     fwd_t = res["xla fwd"][0]
     print(f"   => backward alone: xla {1e3 * (res['xla fwd+bwd'][0] - fwd_t):.1f} ms, "
           f"autodiff {1e3 * (res['xla-autodiff fwd+bwd'][0] - fwd_t):.1f} ms "
           "(fwd+bwd minus fwd)")
 
-    print("\n3. the hand-written backward by stage (each jitted alone)")
+    tokens = size.B * size.T
     s0 = jnp.zeros((size.B, size.Hv, size.Dk, size.Dv), jnp.float32)
-    fwd = jax.jit(lambda *a: xla_impl.forward(*a, scale, chunk))
-    o, s_fin, resid = jax.block_until_ready(fwd(q, k, v, g, beta, s0))
-    prep, scan, chunks, finish = backward_stages(chunk, scale)
-    j_prep, j_scan, j_chunks = jax.jit(prep), jax.jit(scan), jax.jit(chunks)
-    j_finish = jax.jit(finish, static_argnums=(1, 2))
-    j_full = jax.jit(lambda *a: xla_impl.backward(*a, scale, chunk))
-    qc, kc, vc, gc, bc, doc, intra, terms = jax.block_until_ready(
-        j_prep(q, k, v, g, beta, resid.tinv, co))
-    ds_init, ds_ends = jax.block_until_ready(j_scan(kc, intra, terms, cs))
-    grads = jax.block_until_ready(j_chunks(qc, kc, vc, gc, bc, resid.states, resid.tinv,
-                                           doc, ds_ends))
-    group = size.Hv // size.Hk
-    stage_fns = {
-        "full xla_impl.backward": (j_full, (q, k, v, g, beta, resid, co, cs)),
-        "prep": (j_prep, (q, k, v, g, beta, resid.tinv, co)),
-        "scan": (j_scan, (kc, intra, terms, cs)),
-        "chunks (chunk_backward)": (j_chunks, (qc, kc, vc, gc, bc, resid.states, resid.tinv,
-                                               doc, ds_ends)),
-        "layout": (lambda gr: j_finish(gr, size.T, group), (grads,)),
-    }
-    res = _median_interleaved({k_: f for k_, (f, _) in stage_fns.items()},
-                              {k_: a for k_, (_, a) in stage_fns.items()}, args.repeats)
-    for name, (med, lo, hi) in res.items():
-        print(f"   {name:<26}{med * 1e3:9.1f} [{lo * 1e3:.1f}, {hi * 1e3:.1f}]")
-    for name, (fn, a) in stage_fns.items():
-        if name in ("prep", "chunks (chunk_backward)"):
-            try:
-                ca = fn.lower(*a).compile().cost_analysis()
-                ca = ca[0] if isinstance(ca, (list, tuple)) else ca
-                print(f"   {name:<26}{ca.get('flops', 0) / 1e9:9.2f} GFLOP")
-            except Exception as err:  # noqa: BLE001
-                print(f"   {name}: no cost analysis ({err})")
+    print("\n3. xla_impl.forward by stage (each jitted alone), ms and us per token")
+    fwd_entries = {"full xla_impl.forward": (
+        jax.jit(lambda *a: xla_impl.forward(*a, scale, chunk)), (q, k, v, g, beta, s0))}
+    fwd_entries.update(forward_stages(q, k, v, g, beta, s0, scale, chunk))
+    _print_times(_median_interleaved(fwd_entries, args.repeats), tokens)
+
+    print("\n4. xla_impl.backward by stage (each jitted alone)")
+    _, _, resid = jax.block_until_ready(fwd_entries["full xla_impl.forward"][0](
+        q, k, v, g, beta, s0))
+    bwd_entries = {"full xla_impl.backward": (
+        jax.jit(lambda *a: xla_impl.backward(*a, scale, chunk)),
+        (q, k, v, g, beta, resid, co, cs))}
+    bwd_entries.update(backward_stages(q, k, v, g, beta, resid, co, cs, scale, chunk))
+    _print_times(_median_interleaved(bwd_entries, args.repeats), tokens)
+    for name in ("intra", "chunks (chunk_backward)"):
+        fn, a = bwd_entries[name]
+        print(f"   {name:<26}{_flops(fn, a)}")
 
     if args.order_effect:
-        print(f"\n4. order effect: xla fwd+bwd after its own run vs after a reference run")
-        ref, _ = runner.compile_entry("delta_rule", "reference", "fwd+bwd", size, jnp.float32,
+        print("\n5. order effect: xla fwd+bwd after its own run vs after a reference run")
+        ref, _ = timing.compile_entry("delta_rule", "reference", "fwd+bwd", size, jnp.float32,
                                       chunk, arrs)
-        xla = compiled[("xla", "fwd+bwd")]
+        xla = compiled["xla fwd+bwd"]
         after_self, after_ref = [], []
         for _ in range(max(3, args.repeats // 2)):
             jax.block_until_ready(xla(*arrs))
-            after_self.append(runner.time_once(xla, arrs))
+            after_self.append(timing.time_once(xla, arrs))
             jax.block_until_ready(ref(*arrs))
-            after_ref.append(runner.time_once(xla, arrs))
+            after_ref.append(timing.time_once(xla, arrs))
         for name, ts in (("after itself", after_self), ("after reference", after_ref)):
             print(f"   {name:<18}{statistics.median(ts) * 1e3:9.1f} ms "
                   f"[{min(ts) * 1e3:.1f}, {max(ts) * 1e3:.1f}]")

@@ -8,8 +8,6 @@ impls   reference     public API, impl="reference": token scan, plain jax.grad
         xla-autodiff  gdn_kernels.xla_impl.forward differentiated by plain
                       jax.grad (no custom_vjp): the baseline the VJP must beat.
                       For the mixer: mixer.prologue + xla_impl.forward.
-                      See static_inverse_loop(): traced with Python-int bounds
-                      in chunk_math's forward substitution, the only change.
         pallas        public API, impl="pallas" (interpret mode on CPU,
                       compiled on TPU; not runnable on GPU)
 modes   fwd           the forward outputs
@@ -22,7 +20,6 @@ arguments, not closed over, so no large constants land in the HLO).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 from typing import Callable, List, Tuple
@@ -32,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import gdn_kernels
-from gdn_kernels import chunk_math
 from gdn_kernels import mixer as mixer_mod
 from gdn_kernels import xla_impl
 from gdn_kernels.chunk_math import accumulation_dtype
 from gdn_kernels.l2norm import DEFAULT_EPS
+from strategies import shapes
 
 OPS = ("delta_rule", "mixer")
 IMPLS = ("reference", "xla", "xla-autodiff", "pallas")
@@ -46,12 +43,19 @@ CONV_WIDTH = 4
 
 @dataclasses.dataclass(frozen=True)
 class Size:
+    """One benchmark size: B, T and a head layout (Hk, Hv, Dk, Dv)."""
     B: int
     T: int
     Hk: int
     Hv: int
     Dk: int
     Dv: int
+
+    @classmethod
+    def of(cls, layout_name: str, batch: int, t: int) -> "Size":
+        """B and T over a named layout of strategies.shapes.LAYOUTS."""
+        hl = shapes.layout(layout_name)
+        return cls(batch, t, hl.k_heads, hl.v_heads, hl.dk, hl.dv)
 
     @property
     def label(self) -> str:
@@ -80,27 +84,27 @@ class Size:
         return dataclasses.asdict(self)
 
 
-# From (B=1, T=256, Hk=2, Hv=4, D=64) to (B=2, T=8192, Hk=2, Hv=4, D=128).
-# Two families (D=64 and D=128) so that growth in T is fitted at fixed B, H, D.
+# Two families (layouts bench-d64 and bench-d128: Hk=2, Hv=4, D=64 / 128) so
+# that growth in T is fitted at fixed B, H, D.
 DEFAULT_LADDER = (
-    Size(1, 256, 2, 4, 64, 64),
-    Size(1, 512, 2, 4, 64, 64),
-    Size(1, 1024, 2, 4, 64, 64),
-    Size(2, 512, 2, 4, 128, 128),
-    Size(2, 1024, 2, 4, 128, 128),
-    Size(2, 2048, 2, 4, 128, 128),
-    Size(2, 4096, 2, 4, 128, 128),
-    Size(2, 8192, 2, 4, 128, 128),
-)
-QUICK_LADDER = (
-    Size(1, 64, 1, 2, 16, 16),
-    Size(1, 128, 1, 2, 16, 16),
-)
-ACCEPTANCE_SIZE = Size(2, 4096, 2, 4, 128, 128)
+    tuple(Size.of("bench-d64", 1, t) for t in (256, 512, 1024))
+    + tuple(Size.of("bench-d128", 2, t) for t in (512, 1024, 2048, 4096, 8192)))
+QUICK_LADDER = tuple(Size.of("bench-quick", 1, t) for t in (64, 128))
+ACCEPTANCE_SIZE = Size.of("bench-d128", 2, 4096)
 
 
 def parse_size(text: str) -> Size:
-    """"B,T,Hk,Hv,D" or "B,T,Hk,Hv,Dk,Dv" (separators , x or :)."""
+    """"LAYOUT,B,T" (a name of strategies.shapes.LAYOUTS) or "B,T,Hk,Hv,D"
+    or "B,T,Hk,Hv,Dk,Dv" (separators , x or :)."""
+    first, _, rest = text.strip().partition(",")
+    if first in shapes.LAYOUTS:
+        try:
+            batch, t = (int(p) for p in rest.split(","))
+        except ValueError:
+            batch = t = 0
+        if min(batch, t) < 1:
+            raise ValueError(f"size {text!r}: expected LAYOUT,B,T (positive ints)")
+        return Size.of(first, batch, t)
     parts = [p for p in re.split(r"[,x:]", text.strip()) if p]
     try:
         nums = [int(p) for p in parts]
@@ -109,8 +113,9 @@ def parse_size(text: str) -> Size:
     if len(nums) == 5:
         nums.append(nums[4])
     if len(nums) != 6 or min(nums) < 1 or nums[3] % nums[2]:
-        raise ValueError(f"size {text!r}: expected B,T,Hk,Hv,D or B,T,Hk,Hv,Dk,Dv "
-                         "(positive ints, Hv a multiple of Hk)")
+        raise ValueError(f"size {text!r}: expected LAYOUT,B,T (layouts: "
+                         f"{', '.join(sorted(shapes.LAYOUTS))}) or B,T,Hk,Hv,D or "
+                         "B,T,Hk,Hv,Dk,Dv (positive ints, Hv a multiple of Hk)")
     return Size(*nums)
 
 
@@ -164,43 +169,6 @@ def device_inputs(op: str, size: Size, dtype, seed: int) -> List[jax.Array]:
 # the functions
 # --------------------------------------------------------------------------
 
-# Why xla-autodiff needs this: chunk_math._forward_substitute runs
-# lax.fori_loop(jnp.int32(1), jnp.int32(n), ...). Under a trace those bounds
-# are tracers, so the loop is a while_loop, which reverse-mode autodiff
-# rejects ("Reverse-mode differentiation does not work for lax.while_loop or
-# lax.fori_loop with dynamic start/stop values"): the chunked forward as
-# written cannot be differentiated by jax.grad at all. The baseline is
-# therefore traced with the same function, same body, but Python-int bounds
-# (the version before commit e498aa1), which fori_loop lowers to a scan.
-# Only the xla-autodiff entries are traced under this; the module is restored
-# on exit. (Proposed kernel fix: see benchmarks/README.md.)
-XLA_AUTODIFF_NOTE = ("traced with Python-int bounds in chunk_math._forward_substitute's "
-                     "fori_loop (the kernel's int32 tracer bounds make it a while_loop, "
-                     "which jax.grad rejects)")
-
-
-def _forward_substitute_static(a):
-    n = a.shape[0]
-    row, col = chunk_math._row_col(n)
-    eye = (row == col).astype(a.dtype)
-
-    def body(i, inv):
-        a_row_i = jnp.where(row == i, a, 0.0)
-        return inv - chunk_math._dot(a_row_i, inv)
-
-    return jax.lax.fori_loop(1, n, body, eye)
-
-
-@contextlib.contextmanager
-def static_inverse_loop():
-    """chunk_math._forward_substitute with static loop bounds, while tracing."""
-    original = chunk_math._forward_substitute
-    chunk_math._forward_substitute = _forward_substitute_static
-    try:
-        yield
-    finally:
-        chunk_math._forward_substitute = original
-
 def _forward_fn(op: str, impl: str, size: Size, chunk: int) -> Callable:
     s = size
     if op == "delta_rule":
@@ -212,9 +180,8 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int) -> Callable:
             def fwd(q, k, v, g, beta):
                 acc = accumulation_dtype(v.dtype)
                 s0 = jnp.zeros((s.B, s.Hv, s.Dk, s.Dv), acc)
-                with static_inverse_loop():
-                    o, s_final, _ = xla_impl.forward(q, k, v, g, beta, s0,
-                                                     float(s.Dk ** -0.5), chunk)
+                o, s_final, _ = xla_impl.forward(q, k, v, g, beta, s0,
+                                                 float(s.Dk ** -0.5), chunk)
                 return o.astype(v.dtype), s_final
         else:
             raise ValueError(f"unknown impl {impl!r}")
@@ -236,9 +203,8 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int) -> Callable:
             def fwd(x, w, a, b, a_log, dt_bias):
                 pro = mixer_mod.prologue(cfg, x, w, a, b, a_log, dt_bias)
                 s0 = jnp.zeros((s.B, s.Hv, s.Dk, s.Dv), pro.v.dtype)
-                with static_inverse_loop():
-                    o, _, _ = xla_impl.forward(pro.q, pro.k, pro.v, pro.g, pro.beta, s0,
-                                               cfg.scale, chunk)
+                o, _, _ = xla_impl.forward(pro.q, pro.k, pro.v, pro.g, pro.beta, s0,
+                                           cfg.scale, chunk)
                 return o.astype(x.dtype)
         else:
             raise ValueError(f"unknown impl {impl!r}")

@@ -1,4 +1,4 @@
-"""Gated DeltaNet kernels for JAX: the contract of ../shared/CONTRACT.md.
+"""Gated DeltaNet kernels for JAX: the contract of docs/contract.md.
 
 impl="reference": token-by-token oracle (plain autodiff, float64-capable);
 impl="xla": chunked algorithm with a hand-written VJP;

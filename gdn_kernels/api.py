@@ -1,4 +1,4 @@
-"""The public API of CONTRACT.md: validation first, then the implementation
+"""The public API of docs/contract.md: validation first, then the implementation
 switch. Jitted callables are cached per static configuration."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 
 from . import reference, validation
-from .backends import get_backend
 from .chunk_math import accumulation_dtype
 from .interpret import resolved_mode
 from .delta_rule import DeltaRuleConfig, chunked_delta_rule
@@ -41,15 +40,9 @@ def _interpret_key(impl):
     return resolved_mode() if impl == "pallas" else "n/a"
 
 
-def _require_available(impl):
-    """Raise NotImplementedError now, before tracing, for a missing backend."""
-    if impl != "reference":
-        get_backend(impl)
-
-
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                      chunk_size=64, impl="pallas"):
-    """Chunked gated delta rule (CONTRACT.md section 1).
+    """Chunked gated delta rule (docs/contract.md section 1).
 
     q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
     initial_state [B, Hv, Dk, Dv] or None. Returns (o [B, T, Hv, Dv] in v's
@@ -63,14 +56,13 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
         initial_state = jnp.zeros((bsz, hv, dk, dv), accumulation_dtype(v.dtype))
     cfg = DeltaRuleConfig(impl=impl, scale=scale, chunk_size=int(chunk_size),
                           interpret=_interpret_key(impl))
-    _require_available(impl)
     return _jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state)
 
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                          num_v_heads, head_k_dim, head_v_dim, use_qk_norm=True,
                          eps=DEFAULT_EPS, scale=None, chunk_size=64, impl="pallas"):
-    """The GDN token mixer (CONTRACT.md section 2), one custom VJP.
+    """The GDN token mixer (docs/contract.md section 2), one custom VJP.
 
     x [B, T, 2*Hk*Dk + Hv*Dv]; conv_weight [K, C]; a, b [B, T, Hv];
     a_log, dt_bias [Hv], [B', Hv] or [B', T', Hv]. Returns o [B, T, Hv, Dv]
@@ -85,5 +77,4 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                       head_v_dim=int(head_v_dim), use_qk_norm=bool(use_qk_norm),
                       eps=float(eps), scale=scale, chunk_size=int(chunk_size),
                       interpret=_interpret_key(impl))
-    _require_available(impl)
     return _jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias)

@@ -11,26 +11,19 @@ import jax
 import jax.numpy as jnp
 
 
-def shift_right(x, s: int):
-    """x[:, t - s] along axis 1 with zeros before t = 0. x [B, T, C]."""
+def shift(x, s: int):
+    """x[:, t - s] along axis 1 (time), zero where t - s is outside [0, T).
+    s > 0 delays (reads the past), s < 0 advances (reads the future).
+    x [B, T, C]."""
+    t = x.shape[1]
     if s == 0:
         return x
-    t = x.shape[1]
-    if s >= t:
+    if abs(s) >= t:
         return jnp.zeros_like(x)
-    pad = jnp.zeros(x.shape[:1] + (s,) + x.shape[2:], x.dtype)
-    return jnp.concatenate([pad, x[:, : t - s]], axis=1)
-
-
-def shift_left(x, s: int):
-    """x[:, t + s] along axis 1 with zeros past the end. x [B, T, C]."""
-    if s == 0:
-        return x
-    t = x.shape[1]
-    if s >= t:
-        return jnp.zeros_like(x)
-    pad = jnp.zeros(x.shape[:1] + (s,) + x.shape[2:], x.dtype)
-    return jnp.concatenate([x[:, s:], pad], axis=1)
+    pad = jnp.zeros(x.shape[:1] + (abs(s),) + x.shape[2:], x.dtype)
+    if s > 0:
+        return jnp.concatenate([pad, x[:, : t - s]], axis=1)
+    return jnp.concatenate([x[:, -s:], pad], axis=1)
 
 
 def conv1d_preactivation(x, weight):
@@ -42,7 +35,7 @@ def conv1d_preactivation(x, weight):
     width = weight.shape[0]
     pre = jnp.zeros_like(x)
     for j in range(width):
-        pre = pre + weight[j] * shift_right(x, width - 1 - j)
+        pre = pre + weight[j] * shift(x, width - 1 - j)
     return pre
 
 
@@ -71,6 +64,6 @@ def conv1d_silu_backward(x, weight, pre, dy):
     dw = []
     for j in range(width):
         s = width - 1 - j
-        dx = dx + weight[j] * shift_left(dpre, s)
-        dw.append(jnp.sum(dpre * shift_right(x, s), axis=(0, 1)))
+        dx = dx + weight[j] * shift(dpre, -s)
+        dw.append(jnp.sum(dpre * shift(x, s), axis=(0, 1)))
     return dx, jnp.stack(dw, axis=0)

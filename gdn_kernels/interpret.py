@@ -1,5 +1,5 @@
 """How Pallas kernels run: the GDN_INTERPRET environment variable, read at
-trace time (CONTRACT.md section 4).
+trace time (docs/contract.md section 4).
 
   auto     (default) compile on TPU, `hlo` interpret mode elsewhere
   hlo      interpret=True: the kernel becomes an ordinary XLA program

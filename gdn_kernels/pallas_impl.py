@@ -1,7 +1,7 @@
 """The chunked gated delta rule as Pallas kernels: forward and backward.
 
-Same backend interface and math as `xla_impl` (both call the per-chunk
-functions of `chunk_math`, unchanged), but every chunk is one grid step of a
+Same backend interface and math as `xla_impl` (both call the same per-chunk
+functions of `chunk_math`), but every chunk is one grid step of a
 `pl.pallas_call` and the recurrent state lives in a VMEM scratch in the
 accumulation dtype (float32; float64 for float64 inputs).
 
@@ -29,8 +29,9 @@ Forward grid (B, Hv, N), chunk axis last and sequential ("arbitrary"):
 
 Backward grid (B, Hv, N) walking chunks in reverse (step n works on chunk
 N-1-n, output index_map n -> N-1-n): scratch dS [Dk, Dv] = ds_final at
-n == 0; per chunk chunk_backward from the cached inverse and entering state
-(the forward recurrence is not redone); dS <- its ds0, written out at the
+n == 0; per chunk chunk_backward_intra (from the cached inverse) ->
+chunk_state_cotangent_step (dE and dS0) -> chunk_backward (from the entering
+state; the forward recurrence is not redone); dS <- dS0, written out at the
 last step. dq, dk come out per value head and are summed over each key head's
 G value heads outside the kernel (layout.sum_head_groups).
 """
@@ -171,6 +172,67 @@ _HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
 # --------------------------------------------------------------------------
+# what both kernels share: grid position, token streams, inputs, call
+# --------------------------------------------------------------------------
+
+def _grid_position():
+    """(b, h, n, n_chunks): batch row, value head, grid step on the chunk
+    axis, number of chunks."""
+    return pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.num_programs(2)
+
+
+def _token_streams(b, h, group, chunk, hbm, buf):
+    """The five streams both kernels read, in the order q, k, v, g, beta:
+    q and k from value head h's key head h // G, v, g and beta from head h.
+    hbm, buf: the five HBM refs and the five two-slot VMEM buffers."""
+    hk = lax.div(h, jnp.int32(group))  # h >= 0: truncating division, no sign op
+                                       # (its TPU lowering needs the device kind)
+    heads = (hk, hk, h, h, h)
+    return tuple(_Stream(x_hbm, x_buf, _token_rows(b, head, chunk))
+                 for x_hbm, x_buf, head in zip(hbm, buf, heads))
+
+
+def _token_scratch(chunk, dk, dv, acc):
+    """The two-slot VMEM buffers of the five token streams."""
+    return [pltpu.VMEM((2, chunk, d), acc) for d in (dk, dk, dv, 1, 1)]
+
+
+def _token_inputs(q, k, v, g, beta, chunk, acc):
+    """q, k, v, g, beta in the kernel layout (heads major, time padded)."""
+    return (_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
+            _to_heads_major(v, chunk, acc), _scalars_to_heads_major(g, chunk, acc),
+            _scalars_to_heads_major(beta, chunk, acc))
+
+
+class _Dims(NamedTuple):
+    bsz: int
+    t: int
+    hv: int
+    dk: int
+    dv: int
+    group: int
+    n_chunks: int
+    tp: int
+
+
+def _dims(q, v, chunk) -> _Dims:
+    bsz, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    n_chunks = layout.num_chunks(t, chunk)
+    return _Dims(bsz, t, hv, dk, dv, hv // hk, n_chunks, n_chunks * chunk)
+
+
+def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, n_inputs):
+    """pl.pallas_call over the grid (B, Hv, N), every input left in HBM."""
+    return pl.pallas_call(
+        kernel, out_shape=out_shape, grid=(d.bsz, d.hv, d.n_chunks),
+        in_specs=[_HBM] * n_inputs, out_specs=out_specs,
+        scratch_shapes=scratch_shapes + [pltpu.SemaphoreType.DMA((2,))],
+        compiler_params=_compiler_params(),
+        interpret=interpret.pallas_interpret_arg(), name=name)
+
+
+# --------------------------------------------------------------------------
 # forward
 # --------------------------------------------------------------------------
 
@@ -178,22 +240,14 @@ def _forward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, s0_hbm,
                     o_ref, tinv_ref, states_ref, s_final_ref,
                     q_buf, k_buf, v_buf, g_buf, beta_buf, s_scr, sems,
                     *, scale, chunk, group):
-    b, h, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    n_chunks = pl.num_programs(2)
-    hk = lax.div(h, jnp.int32(group))  # h >= 0: truncating division, no sign op
-                                       # (its TPU lowering needs the device kind)
+    b, h, n, n_chunks = _grid_position()
 
     @pl.when(n == 0)
     def _init():
         pltpu.sync_copy(s0_hbm.at[b, h], s_scr)
 
-    streams = (
-        _Stream(q_hbm, q_buf, _token_rows(b, hk, chunk)),
-        _Stream(k_hbm, k_buf, _token_rows(b, hk, chunk)),
-        _Stream(v_hbm, v_buf, _token_rows(b, h, chunk)),
-        _Stream(g_hbm, g_buf, _token_rows(b, h, chunk)),
-        _Stream(beta_hbm, beta_buf, _token_rows(b, h, chunk)),
-    )
+    streams = _token_streams(b, h, group, chunk, (q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm),
+                             (q_buf, k_buf, v_buf, g_buf, beta_buf))
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c)
     q, k, v, g, beta = (s.buf[slot] for s in streams)
 
@@ -215,44 +269,28 @@ def forward(q, k, v, g, beta, s0, scale, chunk):
     s0 [B, Hv, Dk, Dv]. Returns (o [B, T, Hv, Dv] accumulation dtype,
     final state [B, Hv, Dk, Dv], Residuals)."""
     acc = cm.accumulation_dtype(v.dtype)
-    bsz, t, hk, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
-    group = hv // hk
-    n_chunks = layout.num_chunks(t, chunk)
-    tp = n_chunks * chunk
-
-    o, tinv, states, s_final = pl.pallas_call(
-        functools.partial(_forward_kernel, scale=scale, chunk=chunk, group=group),
+    d = _dims(q, v, chunk)
+    o, tinv, states, s_final = _call(
+        functools.partial(_forward_kernel, scale=scale, chunk=chunk, group=d.group),
+        "gdn_chunk_forward", d,
         out_shape=(
-            jax.ShapeDtypeStruct((bsz, hv, tp, dv), acc),
-            jax.ShapeDtypeStruct((bsz, hv, n_chunks, chunk, chunk), acc),
-            jax.ShapeDtypeStruct((bsz, hv, n_chunks, dk, dv), acc),
-            jax.ShapeDtypeStruct((bsz, hv, dk, dv), acc),
+            jax.ShapeDtypeStruct((d.bsz, d.hv, d.tp, d.dv), acc),
+            jax.ShapeDtypeStruct((d.bsz, d.hv, d.n_chunks, chunk, chunk), acc),
+            jax.ShapeDtypeStruct((d.bsz, d.hv, d.n_chunks, d.dk, d.dv), acc),
+            jax.ShapeDtypeStruct((d.bsz, d.hv, d.dk, d.dv), acc),
         ),
-        grid=(bsz, hv, n_chunks),
-        in_specs=[_HBM] * 6,
         out_specs=(
-            _token_out_spec(chunk, dv),
+            _token_out_spec(chunk, d.dv),
             _chunk_out_spec(chunk, chunk),
-            _chunk_out_spec(dk, dv),
-            _state_out_spec(dk, dv),
+            _chunk_out_spec(d.dk, d.dv),
+            _state_out_spec(d.dk, d.dv),
         ),
-        scratch_shapes=[
-            pltpu.VMEM((2, chunk, dk), acc),   # q
-            pltpu.VMEM((2, chunk, dk), acc),   # k
-            pltpu.VMEM((2, chunk, dv), acc),   # v
-            pltpu.VMEM((2, chunk, 1), acc),    # g
-            pltpu.VMEM((2, chunk, 1), acc),    # beta
-            pltpu.VMEM((dk, dv), acc),         # state S
-            pltpu.SemaphoreType.DMA((2,)),
+        scratch_shapes=_token_scratch(chunk, d.dk, d.dv, acc) + [
+            pltpu.VMEM((d.dk, d.dv), acc),         # state S
         ],
-        compiler_params=_compiler_params(),
-        interpret=interpret.pallas_interpret_arg(),
-        name="gdn_chunk_forward",
-    )(_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
-      _to_heads_major(v, chunk, acc), _scalars_to_heads_major(g, chunk, acc),
-      _scalars_to_heads_major(beta, chunk, acc), s0.astype(acc))
-    return _from_heads_major(o, t), s_final, Residuals(tinv, states)
+        n_inputs=6,
+    )(*_token_inputs(q, k, v, g, beta, chunk, acc), s0.astype(acc))
+    return _from_heads_major(o, d.t), s_final, Residuals(tinv, states)
 
 
 # --------------------------------------------------------------------------
@@ -264,21 +302,14 @@ def _backward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, states_hbm, tinv_hbm,
                      dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, ds0_ref,
                      q_buf, k_buf, v_buf, g_buf, beta_buf, states_buf, tinv_buf,
                      do_buf, ds_scr, sems, *, scale, chunk, group):
-    b, h, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    n_chunks = pl.num_programs(2)
-    hk = lax.div(h, jnp.int32(group))  # h >= 0: truncating division, no sign op
-                                       # (its TPU lowering needs the device kind)
+    b, h, n, n_chunks = _grid_position()
 
     @pl.when(n == 0)
     def _init():
         pltpu.sync_copy(ds_final_hbm.at[b, h], ds_scr)
 
-    streams = (
-        _Stream(q_hbm, q_buf, _token_rows(b, hk, chunk)),
-        _Stream(k_hbm, k_buf, _token_rows(b, hk, chunk)),
-        _Stream(v_hbm, v_buf, _token_rows(b, h, chunk)),
-        _Stream(g_hbm, g_buf, _token_rows(b, h, chunk)),
-        _Stream(beta_hbm, beta_buf, _token_rows(b, h, chunk)),
+    streams = _token_streams(b, h, group, chunk, (q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm),
+                             (q_buf, k_buf, v_buf, g_buf, beta_buf)) + (
         _Stream(states_hbm, states_buf, _chunk_block(b, h)),
         _Stream(tinv_hbm, tinv_buf, _chunk_block(b, h)),
         _Stream(do_hbm, do_buf, _token_rows(b, h, chunk)),
@@ -286,17 +317,20 @@ def _backward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, states_hbm, tinv_hbm,
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c)
     q, k, v, g, beta, s0, tinv, do = (s.buf[slot] for s in streams)
 
-    grads = cm.chunk_backward(q, k, v, g, beta, s0, tinv, do, ds_scr[...], scale)
+    ds1 = ds_scr[...]
+    bwd = cm.chunk_backward_intra(q, k, v, g, beta, tinv, do, scale)
+    d_new, ds0 = cm.chunk_state_cotangent_step(ds1, k, bwd.intra, bwd.terms)
+    grads = cm.chunk_backward(q, k, v, beta, s0, do, ds1, d_new, bwd, scale)
     dq_ref[...] = grads.dq
     dk_ref[...] = grads.dk
     dv_ref[...] = grads.dv
     dg_ref[...] = grads.dg
     dbeta_ref[...] = grads.dbeta
-    ds_scr[...] = grads.ds0
+    ds_scr[...] = ds0
 
     @pl.when(n == n_chunks - 1)
     def _final():
-        ds0_ref[...] = grads.ds0
+        ds0_ref[...] = ds0
 
 
 def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk):
@@ -304,50 +338,26 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk):
     from the residuals of `forward`; dq, dk summed over each key head's
     value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]."""
     acc = cm.accumulation_dtype(v.dtype)
-    bsz, t, hk, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
-    group = hv // hk
-    n_chunks = layout.num_chunks(t, chunk)
-    tp = n_chunks * chunk
-
-    dq, dk_, dv_, dg, dbeta, ds0 = pl.pallas_call(
+    d = _dims(q, v, chunk)
+    t, group = d.t, d.group
+    token_grad = lambda width: jax.ShapeDtypeStruct((d.bsz, d.hv, d.tp, width), acc)
+    dq, dk_, dv_, dg, dbeta, ds0 = _call(
         functools.partial(_backward_kernel, scale=scale, chunk=chunk, group=group),
-        out_shape=(
-            jax.ShapeDtypeStruct((bsz, hv, tp, dk), acc),
-            jax.ShapeDtypeStruct((bsz, hv, tp, dk), acc),
-            jax.ShapeDtypeStruct((bsz, hv, tp, dv), acc),
-            jax.ShapeDtypeStruct((bsz, hv, tp, 1), acc),
-            jax.ShapeDtypeStruct((bsz, hv, tp, 1), acc),
-            jax.ShapeDtypeStruct((bsz, hv, dk, dv), acc),
-        ),
-        grid=(bsz, hv, n_chunks),
-        in_specs=[_HBM] * 9,
-        out_specs=(
-            _token_out_spec(chunk, dk, n_chunks),
-            _token_out_spec(chunk, dk, n_chunks),
-            _token_out_spec(chunk, dv, n_chunks),
-            _token_out_spec(chunk, 1, n_chunks),
-            _token_out_spec(chunk, 1, n_chunks),
-            _state_out_spec(dk, dv),
-        ),
-        scratch_shapes=[
-            pltpu.VMEM((2, chunk, dk), acc),      # q
-            pltpu.VMEM((2, chunk, dk), acc),      # k
-            pltpu.VMEM((2, chunk, dv), acc),      # v
-            pltpu.VMEM((2, chunk, 1), acc),       # g
-            pltpu.VMEM((2, chunk, 1), acc),       # beta
-            pltpu.VMEM((2, dk, dv), acc),         # state entering the chunk
+        "gdn_chunk_backward", d,
+        out_shape=(token_grad(d.dk), token_grad(d.dk), token_grad(d.dv),
+                   token_grad(1), token_grad(1),
+                   jax.ShapeDtypeStruct((d.bsz, d.hv, d.dk, d.dv), acc)),
+        out_specs=tuple(_token_out_spec(chunk, width, d.n_chunks)
+                        for width in (d.dk, d.dk, d.dv, 1, 1))
+        + (_state_out_spec(d.dk, d.dv),),
+        scratch_shapes=_token_scratch(chunk, d.dk, d.dv, acc) + [
+            pltpu.VMEM((2, d.dk, d.dv), acc),     # state entering the chunk
             pltpu.VMEM((2, chunk, chunk), acc),   # cached inverse
-            pltpu.VMEM((2, chunk, dv), acc),      # do
-            pltpu.VMEM((dk, dv), acc),            # dS
-            pltpu.SemaphoreType.DMA((2,)),
+            pltpu.VMEM((2, chunk, d.dv), acc),    # do
+            pltpu.VMEM((d.dk, d.dv), acc),        # dS
         ],
-        compiler_params=_compiler_params(),
-        interpret=interpret.pallas_interpret_arg(),
-        name="gdn_chunk_backward",
-    )(_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
-      _to_heads_major(v, chunk, acc), _scalars_to_heads_major(g, chunk, acc),
-      _scalars_to_heads_major(beta, chunk, acc), res.states.astype(acc),
+        n_inputs=9,
+    )(*_token_inputs(q, k, v, g, beta, chunk, acc), res.states.astype(acc),
       res.tinv.astype(acc), _to_heads_major(do, chunk, acc), ds_final.astype(acc))
 
     dq = layout.sum_head_groups(_from_heads_major(dq, t), group)

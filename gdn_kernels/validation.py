@@ -98,7 +98,7 @@ def _check_nonpositive_if_concrete(name, x):
 
 
 def validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state, chunk_size, impl):
-    """All checks of CONTRACT.md section 1 and 5 for gated_delta_rule."""
+    """All checks of docs/contract.md section 1 and 5 for gated_delta_rule."""
     check_impl(impl)
     check_chunk_size(chunk_size)
     check_scale(scale)
@@ -143,7 +143,7 @@ def _check_gate_param(name, p, b, t, hv):
 
 def validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
                    head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size, impl):
-    """All checks of CONTRACT.md sections 2 and 5 for gdn_decoupled_conv1d."""
+    """All checks of docs/contract.md sections 2 and 5 for gdn_decoupled_conv1d."""
     check_impl(impl)
     check_chunk_size(chunk_size)
     check_scale(scale)

@@ -44,24 +44,83 @@ def _chunked_inputs(q, k, v, g, beta, chunk, acc):
     return qc, kc, vc, gc, bc
 
 
-def forward(q, k, v, g, beta, s0, scale, chunk):
-    """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
-    s0 [B, Hv, Dk, Dv]. Returns (o [B, T, Hv, Dv] accumulation dtype,
-    final state [B, Hv, Dk, Dv], Residuals)."""
-    acc = cm.accumulation_dtype(v.dtype)
-    t = q.shape[1]
-    qc, kc, vc, gc, bc = _chunked_inputs(q, k, v, g, beta, chunk, acc)
-    intra = _vmap_n(cm.chunk_intra, 3)(kc, vc, gc, bc)
+# The stages below are separate functions so that benchmarks/profile_vjp.py
+# can jit and time each alone; forward and backward are their compositions.
 
+def forward_intra(q, k, v, g, beta, chunk, acc):
+    """Chunked q, k and the state-independent ChunkIntra of every chunk."""
+    qc, kc, vc, gc, bc = _chunked_inputs(q, k, v, g, beta, chunk, acc)
+    return qc, kc, _vmap_n(cm.chunk_intra, 3)(kc, vc, gc, bc)
+
+
+def state_scan(s0, kc, intra, acc):
+    """The scan over chunks carrying the state. Returns (final state, state
+    entering every chunk, new values E of every chunk)."""
     def step(s, xs):
         k_n, intra_n = xs
         new_values, s1 = _vmap_n(cm.chunk_state_step, 2)(s, k_n, intra_n)
         return s1, (s, new_values)
 
     s_final, (states, new_values) = lax.scan(step, s0.astype(acc), (kc, intra))
+    return s_final, states, new_values
+
+
+def chunk_outputs(qc, kc, states, new_values, dec, scale, t):
+    """o [B, T, Hv, Dv] of every chunk, from its entering state and E."""
     oc = _vmap_n(cm.chunk_output, 3, in_axes=(0, 0, 0, 0, 0, None))(
-        qc, kc, states, new_values, intra.dec, scale)
-    return layout.from_chunks(oc, t), s_final, Residuals(intra.tinv, states)
+        qc, kc, states, new_values, dec, scale)
+    return layout.from_chunks(oc, t)
+
+
+def forward(q, k, v, g, beta, s0, scale, chunk):
+    """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
+    s0 [B, Hv, Dk, Dv]. Returns (o [B, T, Hv, Dv] accumulation dtype,
+    final state [B, Hv, Dk, Dv], Residuals)."""
+    acc = cm.accumulation_dtype(v.dtype)
+    qc, kc, intra = forward_intra(q, k, v, g, beta, chunk, acc)
+    s_final, states, new_values = state_scan(s0, kc, intra, acc)
+    o = chunk_outputs(qc, kc, states, new_values, intra.dec, scale, q.shape[1])
+    return o, s_final, Residuals(intra.tinv, states)
+
+
+def backward_intra(q, k, v, g, beta, tinv, do, scale, chunk, acc):
+    """Chunked inputs and the ChunkBackwardIntra of every chunk (decay, WY
+    factors from the cached inverse, attention, dS1-independent terms)."""
+    qc, kc, vc, gc, bc = _chunked_inputs(q, k, v, g, beta, chunk, acc)
+    doc = layout.to_chunks(do, chunk, acc)
+    bwd = _vmap_n(cm.chunk_backward_intra, 3, in_axes=(0,) * 7 + (None,))(
+        qc, kc, vc, gc, bc, tinv, doc, scale)
+    return qc, kc, vc, bc, doc, bwd
+
+
+def state_cotangent_scan(ds_final, kc, bwd, acc):
+    """The reverse scan carrying dS. Returns (dS entering the first chunk,
+    dS1 at the end of every chunk, dE of every chunk)."""
+    def step(ds1, xs):
+        k_n, intra_n, terms_n = xs
+        d_new, ds0 = _vmap_n(cm.chunk_state_cotangent_step, 2)(ds1, k_n, intra_n, terms_n)
+        return ds0, (ds1, d_new)
+
+    ds_initial, (ds_ends, d_new) = lax.scan(step, ds_final.astype(acc),
+                                            (kc, bwd.intra, bwd.terms), reverse=True)
+    return ds_initial, ds_ends, d_new
+
+
+def chunk_grads(qc, kc, vc, bc, states, doc, ds_ends, d_new, bwd, scale):
+    """ChunkGrads of every chunk (chunked layout)."""
+    return _vmap_n(cm.chunk_backward, 3, in_axes=(0,) * 9 + (None,))(
+        qc, kc, vc, bc, states, doc, ds_ends, d_new, bwd, scale)
+
+
+def grads_to_contract(grads, t, group):
+    """(dq, dk, dv, dg, dbeta) in the contract layout; dq, dk summed over
+    each key head's value heads."""
+    dq = layout.sum_head_groups(layout.from_chunks(grads.dq, t), group)
+    dk = layout.sum_head_groups(layout.from_chunks(grads.dk, t), group)
+    dv = layout.from_chunks(grads.dv, t)
+    dg = layout.scalars_from_chunks(grads.dg, t)
+    dbeta = layout.scalars_from_chunks(grads.dbeta, t)
+    return dq, dk, dv, dg, dbeta
 
 
 def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk):
@@ -69,29 +128,9 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk):
     from the residuals of `forward`; dq, dk summed over each key head's
     value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]."""
     acc = cm.accumulation_dtype(v.dtype)
-    t = q.shape[1]
-    group = v.shape[2] // q.shape[2]
-    qc, kc, vc, gc, bc = _chunked_inputs(q, k, v, g, beta, chunk, acc)
-    doc = layout.to_chunks(do, chunk, acc)
-    dec = _vmap_n(cm.chunk_decay, 3)(gc)
-    intra = _vmap_n(cm.chunk_wy_factors, 3)(kc, vc, bc, dec, res.tinv)
-    p = _vmap_n(cm.chunk_attention, 3)(qc, kc, dec)
-    terms = _vmap_n(cm.chunk_cotangent_terms, 3, in_axes=(0, 0, 0, 0, None))(
-        qc, p, doc, dec, scale)
-
-    def step(ds1, xs):
-        k_n, intra_n, terms_n = xs
-        _, ds0 = _vmap_n(cm.chunk_state_cotangent_step, 2)(ds1, k_n, intra_n, terms_n)
-        return ds0, ds1
-
-    ds_initial, ds_ends = lax.scan(step, ds_final.astype(acc), (kc, intra, terms),
-                                   reverse=True)
-    grads = _vmap_n(cm.chunk_backward, 3,
-                    in_axes=(0, 0, 0, 0, 0, 0, 0, 0, 0, None))(
-        qc, kc, vc, gc, bc, res.states, res.tinv, doc, ds_ends, scale)
-    dq = layout.sum_head_groups(layout.from_chunks(grads.dq, t), group)
-    dk = layout.sum_head_groups(layout.from_chunks(grads.dk, t), group)
-    dv = layout.from_chunks(grads.dv, t)
-    dg = layout.scalars_from_chunks(grads.dg, t)
-    dbeta = layout.scalars_from_chunks(grads.dbeta, t)
+    qc, kc, vc, bc, doc, bwd = backward_intra(q, k, v, g, beta, res.tinv, do, scale,
+                                              chunk, acc)
+    ds_initial, ds_ends, d_new = state_cotangent_scan(ds_final, kc, bwd, acc)
+    grads = chunk_grads(qc, kc, vc, bc, res.states, doc, ds_ends, d_new, bwd, scale)
+    dq, dk, dv, dg, dbeta = grads_to_contract(grads, q.shape[1], v.shape[2] // q.shape[2])
     return dq, dk, dv, dg, dbeta, ds_initial

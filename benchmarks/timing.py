@@ -20,6 +20,7 @@ linear in B*T*Hv*Dk*Dv) or warm-up time exceeds the time budget.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 import sys
@@ -27,6 +28,8 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import jax
+
+from verification.tolerance import errors
 
 from . import workloads
 from .workloads import Size
@@ -62,17 +65,10 @@ def platform() -> str:
 
 def unavailable_reason(impl: str) -> Optional[str]:
     """Why `impl` cannot run here, or None."""
-    if impl != "pallas":
-        return None
-    if platform() == "gpu":
+    if impl == "pallas" and platform() == "gpu":
         return ("pallas_impl is written for TPU (pltpu VMEM scratch, DMA semaphores, "
                 "pltpu.CompilerParams): it cannot compile for GPU, and interpret "
                 "mode is not benchmarked on a device")
-    try:
-        from gdn_kernels.backends import get_backend
-        get_backend("pallas")
-    except (NotImplementedError, ImportError) as err:
-        return f"pallas backend unavailable: {err}"
     return None
 
 
@@ -147,14 +143,12 @@ def time_once(compiled, args, keep: Optional[dict] = None) -> float:
 
 
 def _rel_err(out, ref) -> float:
-    """max over output leaves of ||out - ref|| / ||ref|| (float64 on host)."""
-    import numpy as np
+    """max over output leaves of ||out - ref|| / ||ref||
+    (verification.tolerance.errors), or ||out - ref|| where ref is all zero."""
     worst = 0.0
     for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
-        a = np.asarray(a, np.float64)
-        b = np.asarray(b, np.float64)
-        den = np.linalg.norm(b)
-        worst = max(worst, float(np.linalg.norm(a - b) / (den if den > 0 else 1.0)))
+        rel, _, abs_l2, _ = errors(a, b)
+        worst = max(worst, rel if math.isfinite(rel) else abs_l2)
     return worst
 
 
@@ -187,8 +181,7 @@ def _new_record(op, impl, mode, size: Size, cfg: LadderConfig) -> dict:
     return {"op": op, "impl": impl, "mode": mode, "size": size.as_dict(),
             "size_label": size.label, "family": size.family_label, "T": size.T,
             "dtype": cfg.dtype, "chunk": cfg.chunk, "interpret": interpret_mode(impl),
-            "status": "pending", "reason": "", "warmup_s": [], "times_s": [],
-            **({"note": workloads.XLA_AUTODIFF_NOTE} if impl == "xla-autodiff" else {})}
+            "status": "pending", "reason": "", "warmup_s": [], "times_s": []}
 
 
 def _skip(rec: dict, reason: str) -> None:
@@ -235,68 +228,58 @@ def _prepare_group(cfg, op, mode, size, args, dtype, last_ok, log):
     for impl in cfg.impls:
         rec = _new_record(op, impl, mode, size, cfg)
         rec["loadavg_1m"] = os.getloadavg()[0]
-        reason = unavailable_reason(impl)
-        if reason:
-            _skip(rec, reason)
-            skipped.append(rec)
-            log(_line(rec))
-            continue
         try:
-            compiled, info = compile_entry(op, impl, mode, size, dtype, cfg.chunk, args)
+            compiled = _prepare_entry(cfg, rec, size, args, dtype, last_ok)
         except Exception as err:  # noqa: BLE001 - recorded, the ladder goes on
             _error(rec, err)
+            compiled = None
+        if compiled is None:
             skipped.append(rec)
             log(_line(rec))
-            continue
-        rec.update(info)
-        foot = _footprint(rec)
-        if foot > cfg.mem_budget_bytes:
-            _skip(rec, f"compiled footprint {_size(foot)} (temp "
-                       f"{_size(rec.get('temp_bytes', 0))}) > memory budget "
-                       f"{_size(cfg.mem_budget_bytes)}")
-            skipped.append(rec)
-            log(_line(rec))
-            continue
-        runs = cfg.warmup + cfg.repeats * (1 + cfg.settle)
-        prev = last_ok.get((op, impl, mode))
-        if prev is not None:
-            predicted = prev[1] * size.work / prev[0]
-            rec["predicted_s"] = predicted
-            if predicted * runs > cfg.time_budget_s:
-                _skip(rec, f"predicted {_secs(predicted)} per run (linear from the previous "
-                           f"rung) x {runs} runs > time budget {_secs(cfg.time_budget_s)}")
-                skipped.append(rec)
-                log(_line(rec))
-                continue
-        try:
-            for _ in range(cfg.warmup):
-                rec["warmup_s"].append(time_once(compiled, args))
-        except Exception as err:  # noqa: BLE001
-            _error(rec, err)
-            skipped.append(rec)
-            log(_line(rec))
-            continue
-        one = min(rec["warmup_s"]) if rec["warmup_s"] else 0.0
-        if one * runs > cfg.time_budget_s:
-            # A first run pays one-time costs (page faults of a fresh multi-GiB
-            # temp buffer: the reference fwd+bwd at B2-T4096-D128 took 14 s
-            # once, then 5 s): measure once more before giving up.
-            try:
-                rec["warmup_s"].append(time_once(compiled, args))
-            except Exception as err:  # noqa: BLE001
-                _error(rec, err)
-                skipped.append(rec)
-                log(_line(rec))
-                continue
-            one = min(rec["warmup_s"])
-        if one * runs > cfg.time_budget_s:
-            _skip(rec, f"one run took {_secs(one)}; x {runs} runs > time budget "
-                       f"{_secs(cfg.time_budget_s)}")
-            skipped.append(rec)
-            log(_line(rec))
-            continue
-        group.append((rec, compiled, {}))
+        else:
+            group.append((rec, compiled, {}))
     return group, skipped
+
+
+def _prepare_entry(cfg, rec, size, args, dtype, last_ok):
+    """Compile and warm up the entry of `rec`. Returns the executable, or
+    None with `rec` marked skipped; compile and run errors propagate."""
+    op, impl, mode = rec["op"], rec["impl"], rec["mode"]
+    reason = unavailable_reason(impl)
+    if reason:
+        _skip(rec, reason)
+        return None
+    compiled, info = compile_entry(op, impl, mode, size, dtype, cfg.chunk, args)
+    rec.update(info)
+    foot = _footprint(rec)
+    if foot > cfg.mem_budget_bytes:
+        _skip(rec, f"compiled footprint {_size(foot)} (temp "
+                   f"{_size(rec.get('temp_bytes', 0))}) > memory budget "
+                   f"{_size(cfg.mem_budget_bytes)}")
+        return None
+    runs = cfg.warmup + cfg.repeats * (1 + cfg.settle)
+    prev = last_ok.get((op, impl, mode))
+    if prev is not None:
+        predicted = prev[1] * size.work / prev[0]
+        rec["predicted_s"] = predicted
+        if predicted * runs > cfg.time_budget_s:
+            _skip(rec, f"predicted {_secs(predicted)} per run (linear from the previous "
+                       f"rung) x {runs} runs > time budget {_secs(cfg.time_budget_s)}")
+            return None
+    for _ in range(cfg.warmup):
+        rec["warmup_s"].append(time_once(compiled, args))
+    one = min(rec["warmup_s"]) if rec["warmup_s"] else 0.0
+    if one * runs > cfg.time_budget_s:
+        # A first run pays one-time costs (page faults of a fresh multi-GiB
+        # temp buffer: the reference fwd+bwd at B2-T4096-D128 took 14 s
+        # once, then 5 s): measure once more before giving up.
+        rec["warmup_s"].append(time_once(compiled, args))
+        one = min(rec["warmup_s"])
+    if one * runs > cfg.time_budget_s:
+        _skip(rec, f"one run took {_secs(one)}; x {runs} runs > time budget "
+                   f"{_secs(cfg.time_budget_s)}")
+        return None
+    return compiled
 
 
 def _timed_rounds(cfg: LadderConfig, group, args) -> None:

@@ -2,9 +2,9 @@
 verification suite under a Hypothesis profile.
 
 pytest runs in a subprocess on a representative subset of the properties
-(-k), with GDN_STATS_FILE set so the suite's plugin writes its per-property
-statistics (examples, seconds, XLA compiles; verification/harness.py) as
-JSON. Its working directory is a temporary directory, so the dev profile's
+(selected by id: --gdn-properties ID,ID,...), with GDN_STATS_FILE set so
+the suite's plugin writes its per-property statistics (examples, seconds,
+XLA compiles) as JSON. Its working directory is a temporary directory, so the dev profile's
 example database (.hypothesis/examples, relative) and the counterexample
 files start empty there and the checkout's are neither replayed nor written.
 (GDN_HYPOTHESIS_DB is not used for that: with it set, the ci profile's
@@ -20,35 +20,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-# One or two properties of each kind: forward parity, gradient parity (both
-# ops), a metamorphic property, the reduced-gradient shape property.
-DEFAULT_SELECTION = (
-    "test_mixer_forward_matches_float64_oracle"
-    " or test_delta_rule_forward_and_final_state_match_float64_oracle"
-    " or test_mixer_every_gradient_matches_float64_oracle"
-    " or test_delta_rule_every_gradient_matches_float64_oracle"
-    " or test_chunk_sizes_16_32_64_agree"
-    " or test_every_cotangent_has_its_primal_shape_and_dtype"
+# One or two properties of each kind, by id: forward parity, gradient parity
+# (both ops), a metamorphic property, the reduced-gradient shape property.
+DEFAULT_PROPERTIES = (
+    "mixer_forward_parity",
+    "delta_rule_forward_parity",
+    "mixer_gradient_parity",
+    "delta_rule_gradient_parity",
+    "chunk_size_invariance",
+    "cotangent_shapes_and_dtypes",
 )
 DEFAULT_CI_EXAMPLES = 16
+# The suite's default target (what runs without --gdn-target).
+DEFAULT_TARGET = "gdn_kernels:pallas"
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def resolved_target(target: Optional[str]) -> str:
-    if target:
-        return target
-    try:
-        from verification.targets import default_target_spec
-        return default_target_spec()
-    except Exception:  # noqa: BLE001
-        return "(suite default)"
-
-
 def run_profile(profile: str, *, target: Optional[str] = None,
-                selection: str = DEFAULT_SELECTION, ci_examples: int = DEFAULT_CI_EXAMPLES,
+                properties: Sequence[str] = DEFAULT_PROPERTIES,
+                ci_examples: int = DEFAULT_CI_EXAMPLES,
                 timeout_s: float = 1800.0, log: Callable[[str], None] = print) -> dict:
     """Run the selected properties under `profile`; returns a JSON-ready dict."""
     with tempfile.TemporaryDirectory(prefix="gdn-bench-suite-") as tmp:
@@ -59,11 +52,12 @@ def run_profile(profile: str, *, target: Optional[str] = None,
                    GDN_COUNTEREXAMPLES=os.path.join(tmp, "counterexamples"))
         if profile == "ci":
             env["GDN_CI_EXAMPLES"] = str(ci_examples)
+        selection = ",".join(properties)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               os.path.join(REPO_ROOT, "verification"), "-k", selection]
+               os.path.join(REPO_ROOT, "verification"), "--gdn-properties", selection]
         if target:
             cmd += ["--gdn-target", target]
-        log(f"suite[{profile}]: {' '.join(cmd[:7])} -k <{selection.count(' or ') + 1} "
+        log(f"suite[{profile}]: {' '.join(cmd[:7])} <{len(properties)} "
             f"properties> (GDN_PROFILE={profile}"
             + (f", GDN_CI_EXAMPLES={ci_examples}" if profile == "ci" else "") + ")")
         load0 = os.getloadavg()[0]
@@ -82,7 +76,8 @@ def run_profile(profile: str, *, target: Optional[str] = None,
             with open(stats_path) as f:
                 data = json.load(f)
 
-    result = {"profile": profile, "target": resolved_target(target), "selection": selection,
+    result = {"profile": profile, "target": target or DEFAULT_TARGET,
+              "selection": list(properties),
               "command": " ".join(cmd), "ci_examples": ci_examples if profile == "ci" else None,
               "returncode": rc, "wall_s": wall, "loadavg_1m_start": load0,
               "loadavg_1m_end": os.getloadavg()[0], "properties": {}}
