@@ -16,7 +16,7 @@ load_all()
 
 FOREIGN_TARGETS = ("verification.foreign_targets.float32_only_scan",
                    "verification.foreign_targets.float32_compute_scan")
-EXAMPLES_PER_PROPERTY = 3
+EXAMPLES_PER_PROPERTY = 2
 
 
 @pytest.mark.parametrize("spec", FOREIGN_TARGETS)
