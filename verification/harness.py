@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 
 from . import runners
 from .registry import Property, PropertyFailure, load_all
-from .tolerance import TensorError
+from .tolerance import NOT_CHECKABLE, TensorError
 
 MARKER = "gdn_property"
 
@@ -59,7 +59,7 @@ def check_property(name: str, target, case, record: bool = True) -> List[TensorE
         stats.seconds += time.perf_counter() - t0
         stats.compiles += runners.compile_count() - c0
     _update_worst(stats, rows)
-    stats.not_checkable += any(r.note.startswith("not checkable") for r in rows)
+    stats.not_checkable += any(r.note.startswith(NOT_CHECKABLE) for r in rows)
     return rows
 
 

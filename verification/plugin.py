@@ -44,10 +44,10 @@ def pytest_configure(config):
 def selected_ids(option: str):
     """The property ids of a --gdn-properties value (UsageError if unknown)."""
     ids = [i.strip() for i in option.split(",") if i.strip()]
+    every = registry.load_all()
     if ids == ["all"]:
-        return list(registry.load_all())
+        return list(every)
     try:
-        registry.load_all()
         return [p.id for p in registry.select(ids)]
     except ValueError as err:
         raise pytest.UsageError(f"--gdn-properties: {err}") from None

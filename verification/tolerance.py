@@ -111,6 +111,9 @@ class TensorError:
 
 
 NEAR_ZERO = "near-zero"
+# A row whose check could not resolve its question (its note starts so);
+# it passes, and the summary counts it.
+NOT_CHECKABLE = "not checkable"
 
 
 def structural_row(name: str, ok: bool, note: str = "") -> TensorError:

@@ -16,7 +16,7 @@ from strategies.cases import MixerCase, NearZeroRow, replace
 
 from .. import runners
 from ..registry import prop
-from ..tolerance import TensorError, compare_self, errors
+from ..tolerance import NOT_CHECKABLE, TensorError, compare_self, errors
 from .common import parity_rows
 
 NEAR_ZERO_EPS = (1e-6, 1e-5, 1e-8)
@@ -59,7 +59,6 @@ UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}
 # u * ||ct * (|f| + rms f)|| / h: (4 * 2 + 1) / 3 = 3 from the extrapolation,
 # times a safety factor for errors correlated through the recurrence.
 FD_NOISE_FACTOR = 3 * 16
-NOT_CHECKABLE = "not checkable"
 # A float64 output this close to the float64 oracle was computed in float64.
 FLOAT64_COMPUTE_REL = 1e-10
 
