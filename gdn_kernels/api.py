@@ -8,7 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import reference, validation
+from . import reference, segments, validation
 from .chunk_math import accumulation_dtype
 from .interpret import resolved_mode
 from .delta_rule import DeltaRuleConfig, chunked_delta_rule
@@ -16,23 +16,30 @@ from .l2norm import DEFAULT_EPS
 from .mixer import MixerConfig, gdn_mixer
 
 
+def _segments(segment_ids):
+    """segments.Segments of traced segment_ids, or None."""
+    return None if segment_ids is None else segments.from_ids(segment_ids)
+
+
 @functools.lru_cache(maxsize=None)
 def _jitted_delta_rule(cfg: DeltaRuleConfig):
     if cfg.impl == "reference":
-        return jax.jit(lambda q, k, v, g, beta, s0: reference.token_scan(
-            q, k, v, g, beta, cfg.scale, s0))
-    return jax.jit(functools.partial(chunked_delta_rule, cfg))
+        return jax.jit(lambda q, k, v, g, beta, s0, ids: reference.token_scan(
+            q, k, v, g, beta, cfg.scale, s0, segment_ids=ids))
+    return jax.jit(lambda q, k, v, g, beta, s0, ids: chunked_delta_rule(
+        cfg, q, k, v, g, beta, s0, _segments(ids)))
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted_mixer(cfg: MixerConfig):
     if cfg.impl == "reference":
-        return jax.jit(functools.partial(
-            reference.reference_mixer, num_k_heads=cfg.num_k_heads,
+        return jax.jit(lambda x, w, a, b, a_log, dt_bias, ids: reference.reference_mixer(
+            x, w, a, b, a_log, dt_bias, num_k_heads=cfg.num_k_heads,
             num_v_heads=cfg.num_v_heads, head_k_dim=cfg.head_k_dim,
             head_v_dim=cfg.head_v_dim, use_qk_norm=cfg.use_qk_norm, eps=cfg.eps,
-            scale=cfg.scale))
-    return jax.jit(functools.partial(gdn_mixer, cfg))
+            scale=cfg.scale, segment_ids=ids))
+    return jax.jit(lambda x, w, a, b, a_log, dt_bias, ids: gdn_mixer(
+        cfg, x, w, a, b, a_log, dt_bias, _segments(ids)))
 
 
 def _interpret_key(impl):
@@ -41,40 +48,42 @@ def _interpret_key(impl):
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
-                     chunk_size=64, impl="pallas"):
-    """Chunked gated delta rule (docs/contract.md section 1).
+                     segment_ids=None, chunk_size=64, impl="pallas"):
+    """Chunked gated delta rule (docs/contract.md sections 1 and 6).
 
     q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
-    initial_state [B, Hv, Dk, Dv] or None. Returns (o [B, T, Hv, Dv] in v's
-    dtype, final_state [B, Hv, Dk, Dv] float32).
+    initial_state [B, Hv, Dk, Dv] or None; segment_ids [B, T] int (0 =
+    padding) or None. Returns (o [B, T, Hv, Dv] in v's dtype, final_state
+    [B, Hv, Dk, Dv] float32).
     """
     validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
-                                         chunk_size, impl)
+                                         chunk_size, impl, segment_ids=segment_ids)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if initial_state is None:
         bsz, hv, dk, dv = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
         initial_state = jnp.zeros((bsz, hv, dk, dv), accumulation_dtype(v.dtype))
     cfg = DeltaRuleConfig(impl=impl, scale=scale, chunk_size=int(chunk_size),
                           interpret=_interpret_key(impl))
-    return _jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state)
+    return _jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state, segment_ids)
 
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                          num_v_heads, head_k_dim, head_v_dim, use_qk_norm=True,
-                         eps=DEFAULT_EPS, scale=None, chunk_size=64, impl="pallas"):
-    """The GDN token mixer (docs/contract.md section 2), one custom VJP.
+                         eps=DEFAULT_EPS, scale=None, segment_ids=None, chunk_size=64,
+                         impl="pallas"):
+    """The GDN token mixer (docs/contract.md sections 2 and 6), one custom VJP.
 
     x [B, T, 2*Hk*Dk + Hv*Dv]; conv_weight [K, C]; a, b [B, T, Hv];
-    a_log, dt_bias [Hv], [B', Hv] or [B', T', Hv]. Returns o [B, T, Hv, Dv]
-    in x's dtype.
+    a_log, dt_bias [Hv], [B', Hv] or [B', T', Hv]; segment_ids [B, T] int
+    (0 = padding) or None. Returns o [B, T, Hv, Dv] in x's dtype.
     """
     validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads,
                               num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
-                              scale, chunk_size, impl)
+                              scale, chunk_size, impl, segment_ids=segment_ids)
     scale = float(head_k_dim ** -0.5 if scale is None else scale)
     cfg = MixerConfig(impl=impl, num_k_heads=int(num_k_heads),
                       num_v_heads=int(num_v_heads), head_k_dim=int(head_k_dim),
                       head_v_dim=int(head_v_dim), use_qk_norm=bool(use_qk_norm),
                       eps=float(eps), scale=scale, chunk_size=int(chunk_size),
                       interpret=_interpret_key(impl))
-    return _jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias)
+    return _jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias, segment_ids)

@@ -1,10 +1,14 @@
 """The one implementation switch for the chunked algorithm.
 
 A backend is a module with
-  forward(q, k, v, g, beta, s0, scale, chunk) -> (o, final_state, residuals)
-  backward(q, k, v, g, beta, residuals, do, ds_final, scale, chunk)
+  forward(q, k, v, g, beta, s0, scale, chunk, seg=None)
+      -> (o, final_state, residuals)
+  backward(q, k, v, g, beta, residuals, do, ds_final, scale, chunk, seg=None)
       -> (dq, dk, dv, dg, dbeta, ds0)
-in the contract layout, all outputs in the accumulation dtype.
+in the contract layout, all outputs in the accumulation dtype. seg is a
+segments.Segments of packed documents or None; the caller zeroes padding
+tokens (inputs, do, cotangents), the backend resets the state at document
+starts.
 """
 
 from __future__ import annotations

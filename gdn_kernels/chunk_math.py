@@ -19,6 +19,16 @@ Notation, for a chunk of C tokens entering with state S0 [Dk, Dv]:
   o     = scale * ((q * exp(Gam)) S0 + lower(Q K^T * D) E)
   S1    = exp(Gam_C) S0 + (k * exp(Gam_C - Gam))^T E
 
+Packed documents (docs/contract.md section 6) enter as two more columns,
+doc [C, 1] (document number of each token, non-decreasing) and start [C, 1]
+(1 where a token starts a later document: the state is zeroed before its
+update). They only mask the decay factors: D_ij = 0 unless i and j share a
+document, exp(Gam_i) = 0 once a document started since the chunk began,
+exp(Gam_C - Gam_j) = 0 unless j belongs to the chunk's last document. The
+masks are constants, so the backward below (written in terms of the decay
+factors) needs no change. Padding tokens are identity steps (q = k = v = g =
+beta = 0), set by the caller.
+
 The backward is derived by hand from these lines (no autodiff of them).
 Accumulation dtype is float32 (float64 when inputs are float64).
 """
@@ -110,9 +120,36 @@ def split_log_decay(g):
     return hi, g - hi
 
 
-def chunk_decay(g):
+class ChunkSegments(NamedTuple):
+    """Packed-document columns of one chunk (see the module docstring).
+
+    doc:   [C, 1] document number of each token (exact integers, float)
+    start: [C, 1] 1.0 where the token starts a later document, else 0.0
+    """
+    doc: jnp.ndarray
+    start: jnp.ndarray
+
+
+def _segment_masks(seg: ChunkSegments):
+    """Boolean masks of one chunk's documents:
+    same [C, C] (tokens i, j in one document), from_start [C, 1] (token i is
+    in the document of the state entering the chunk), to_end [C, 1] (token j
+    is in the chunk's last document), through [1, 1] (one document spans the
+    whole chunk, entering state included)."""
+    n = seg.doc.shape[0]
+    row, col = _row_col(n)
+    doc_row = jnp.sum(jnp.where(row == col, seg.doc, 0.0), axis=0, keepdims=True)
+    first = row[:, :1] == 0
+    last = row[:, :1] == n - 1
+    doc_in = jnp.sum(jnp.where(first, seg.doc - seg.start, 0.0), axis=0, keepdims=True)
+    doc_out = jnp.sum(jnp.where(last, seg.doc, 0.0), axis=0, keepdims=True)
+    return seg.doc == doc_row, seg.doc == doc_in, seg.doc == doc_out, doc_out == doc_in
+
+
+def chunk_decay(g, seg: ChunkSegments | None = None):
     """Cumulative log decay by triangular-mask matmuls (cumsum does not lower
-    for TPU). g: [C, 1] (g <= 0). Returns ChunkDecay.
+    for TPU). g: [C, 1] (g <= 0); seg: packed documents or None (one
+    document). Returns ChunkDecay.
 
     Every exponent that enters exp() is a difference of cumulative sums,
     formed as (exact hi difference) + (small lo difference)."""
@@ -133,12 +170,19 @@ def chunk_decay(g):
     hi, lo = split_log_decay(g)
     hi_col, hi_row, hi_last = cumulative(hi)
     lo_col, lo_row, lo_last = cumulative(lo)
+    gam = hi_col + lo_col
+    gam_exp = jnp.exp(gam)
+    tail = jnp.exp((hi_last - hi_col) + (lo_last - lo_col))
+    total = jnp.exp(hi_last + lo_last)
+    if seg is not None:
+        same, from_start, to_end, through = _segment_masks(seg)
+        lower = lower & same
+        gam_exp = jnp.where(from_start, gam_exp, 0.0)
+        tail = jnp.where(to_end, tail, 0.0)
+        total = jnp.where(through, total, 0.0)
     diff = jnp.where(lower, (hi_col - hi_row) + (lo_col - lo_row), 0.0)  # mask BEFORE exp
     decay = jnp.where(lower, jnp.exp(diff), 0.0)
-    gam = hi_col + lo_col
-    tail = jnp.exp((hi_last - hi_col) + (lo_last - lo_col))
-    return ChunkDecay(gam=gam, decay=decay, gam_exp=jnp.exp(gam), tail=tail,
-                      total=jnp.exp(hi_last + lo_last))
+    return ChunkDecay(gam=gam, decay=decay, gam_exp=gam_exp, tail=tail, total=total)
 
 
 # --------------------------------------------------------------------------
@@ -215,12 +259,13 @@ def chunk_wy_matrix(k, beta, dec: ChunkDecay):
     return jnp.where(row > col, _dot_nt(k * beta, k) * dec.decay, 0.0)
 
 
-def chunk_intra(k, v, g, beta) -> ChunkIntra:
+def chunk_intra(k, v, g, beta, seg: ChunkSegments | None = None) -> ChunkIntra:
     """Decay, triangular inverse and WY factors of one chunk.
 
-    k [C, Dk], v [C, Dv], g [C, 1], beta [C, 1] (all accumulation dtype).
+    k [C, Dk], v [C, Dv], g [C, 1], beta [C, 1] (all accumulation dtype);
+    seg: packed documents or None.
     """
-    dec = chunk_decay(g)
+    dec = chunk_decay(g, seg)
     tinv = invert_unit_lower(chunk_wy_matrix(k, beta, dec))
     return chunk_wy_factors(k, v, beta, dec, tinv)
 
@@ -302,10 +347,12 @@ def chunk_cotangent_terms(q, p, do, dec: ChunkDecay, scale) -> ChunkCotangentTer
                                ds_out=scale * _dot_tn(q * dec.gam_exp, do))
 
 
-def chunk_backward_intra(q, k, v, g, beta, tinv, do, scale) -> ChunkBackwardIntra:
+def chunk_backward_intra(q, k, v, g, beta, tinv, do, scale,
+                         seg: ChunkSegments | None = None) -> ChunkBackwardIntra:
     """Decay, WY factors (from the cached inverse tinv [C, C]), attention and
-    the dS1-independent cotangent terms of one chunk. do [C, Dv]."""
-    dec = chunk_decay(g)
+    the dS1-independent cotangent terms of one chunk. do [C, Dv]; seg:
+    packed documents or None."""
+    dec = chunk_decay(g, seg)
     intra = chunk_wy_factors(k, v, beta, dec, tinv)
     p = chunk_attention(q, k, dec)
     return ChunkBackwardIntra(intra=intra, p=p,

@@ -26,16 +26,22 @@ def shift(x, s: int):
     return jnp.concatenate([x[:, -s:], pad], axis=1)
 
 
-def conv1d_preactivation(x, weight):
+def _tap(x, valid, j):
+    """x where tap j is valid (valid [K, B, T] bool or None: all valid)."""
+    return x if valid is None else jnp.where(valid[j][..., None], x, 0.0)
+
+
+def conv1d_preactivation(x, weight, valid=None):
     """pre[b,t,c] = sum_j weight[j,c] * x[b, t-(K-1)+j, c].
 
-    x [B, T, C], weight [K, C], both already in the accumulation dtype.
-    Returns [B, T, C].
+    x [B, T, C], weight [K, C], both already in the accumulation dtype;
+    valid [K, B, T] bool or None: tap j at t reads only where valid[j, b, t]
+    (packed documents, segments.ConvWindows). Returns [B, T, C].
     """
     width = weight.shape[0]
     pre = jnp.zeros_like(x)
     for j in range(width):
-        pre = pre + weight[j] * shift(x, width - 1 - j)
+        pre = pre + weight[j] * _tap(shift(x, width - 1 - j), valid, j)
     return pre
 
 
@@ -51,19 +57,25 @@ def conv1d_silu_forward(x, weight):
     return jax.nn.silu(pre), pre
 
 
-def conv1d_silu_backward(x, weight, pre, dy):
-    """Cotangents of x [B, T, C] and weight [K, C] given dy [B, T, C].
+def conv1d_backward(x, weight, dpre, valid=None):
+    """Cotangents of x [B, T, C] and weight [K, C] given dpre [B, T, C]
+    (valid as in conv1d_preactivation).
 
-    dpre = dy * silu'(pre)
-    dx[b,s,c] = sum_j weight[j,c] * dpre[b, s+(K-1)-j, c]
-    dw[j,c]   = sum_{b,t} dpre[b,t,c] * x[b, t-(K-1)+j, c]
+    dx[b,s,c] = sum_j weight[j,c] * (valid_j dpre)[b, s+(K-1)-j, c]
+    dw[j,c]   = sum_{b,t} (valid_j dpre)[b,t,c] * x[b, t-(K-1)+j, c]
     """
     width = weight.shape[0]
-    dpre = dy * silu_grad(pre)
     dx = jnp.zeros_like(dpre)
     dw = []
     for j in range(width):
         s = width - 1 - j
-        dx = dx + weight[j] * shift(dpre, -s)
-        dw.append(jnp.sum(dpre * shift(x, s), axis=(0, 1)))
+        dpre_j = _tap(dpre, valid, j)
+        dx = dx + weight[j] * shift(dpre_j, -s)
+        dw.append(jnp.sum(dpre_j * shift(x, s), axis=(0, 1)))
     return dx, jnp.stack(dw, axis=0)
+
+
+def conv1d_silu_backward(x, weight, pre, dy):
+    """Cotangents of x [B, T, C] and weight [K, C] given dy [B, T, C]:
+    dpre = dy * silu'(pre), then conv1d_backward."""
+    return conv1d_backward(x, weight, dy * silu_grad(pre))

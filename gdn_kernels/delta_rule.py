@@ -8,6 +8,7 @@ from functools import partial
 import jax
 
 from .backends import get_backend
+from .segments import zero_padding_all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,26 +20,36 @@ class DeltaRuleConfig:
     interpret: str = "n/a"  # resolved GDN_INTERPRET mode (pallas): part of the jit cache key
 
 
+def _forward(cfg, q, k, v, g, beta, s0, seg):
+    """Padding zeroed on the way in (identity steps) and on the way out."""
+    q, k, v, g, beta = zero_padding_all(seg, q, k, v, g, beta)
+    o, s_final, res = get_backend(cfg.impl).forward(q, k, v, g, beta, s0, cfg.scale,
+                                                    cfg.chunk_size, seg)
+    (o,) = zero_padding_all(seg, o.astype(v.dtype))
+    return (o, s_final), res
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def chunked_delta_rule(cfg: DeltaRuleConfig, q, k, v, g, beta, s0):
-    """Returns (o [B, T, Hv, Dv] in v's dtype, final state, accumulation dtype)."""
-    o, s_final, _ = get_backend(cfg.impl).forward(q, k, v, g, beta, s0,
-                                                  cfg.scale, cfg.chunk_size)
-    return o.astype(v.dtype), s_final
+def chunked_delta_rule(cfg: DeltaRuleConfig, q, k, v, g, beta, s0, seg=None):
+    """Returns (o [B, T, Hv, Dv] in v's dtype, final state, accumulation
+    dtype). seg: segments.Segments of packed documents, or None."""
+    return _forward(cfg, q, k, v, g, beta, s0, seg)[0]
 
 
-def _fwd(cfg, q, k, v, g, beta, s0):
-    o, s_final, res = get_backend(cfg.impl).forward(q, k, v, g, beta, s0,
-                                                    cfg.scale, cfg.chunk_size)
-    return (o.astype(v.dtype), s_final), (q, k, v, g, beta, s0, res)
+def _fwd(cfg, q, k, v, g, beta, s0, seg=None):
+    out, res = _forward(cfg, q, k, v, g, beta, s0, seg)
+    return out, (q, k, v, g, beta, s0, seg, res)
 
 
 def _bwd(cfg, saved, cotangents):
-    q, k, v, g, beta, s0, res = saved
+    q, k, v, g, beta, s0, seg, res = saved
     do, ds_final = cotangents
-    grads = get_backend(cfg.impl).backward(q, k, v, g, beta, res, do, ds_final,
-                                           cfg.scale, cfg.chunk_size)
-    return tuple(d.astype(x.dtype) for d, x in zip(grads, (q, k, v, g, beta, s0)))
+    primals = (q, k, v, g, beta)
+    qz, kz, vz, gz, betaz, do = zero_padding_all(seg, *primals, do)
+    *grads, ds0 = get_backend(cfg.impl).backward(qz, kz, vz, gz, betaz, res, do, ds_final,
+                                                 cfg.scale, cfg.chunk_size, seg)
+    grads = zero_padding_all(seg, *grads)
+    return tuple(d.astype(x.dtype) for d, x in zip(grads + (ds0,), primals + (s0,))) + (None,)
 
 
 chunked_delta_rule.defvjp(_fwd, _bwd)

@@ -49,16 +49,21 @@ def gate_forward(a, a_log, dt_bias):
     return -jnp.exp(as_rank3(a_log)) * softplus(a + as_rank3(dt_bias))
 
 
-def gate_backward(a, a_log, dt_bias, dg):
+def gate_backward(a, a_log, dt_bias, dg, pad=None):
     """Cotangents (da, da_log, ddt_bias), each of its primal's shape.
 
     dg/da = dg/ddt_bias = -exp(a_log) * sigmoid(a + dt_bias); dg/da_log = g.
+    pad [B, T] bool or None: padding tokens contribute exactly 0 (a select,
+    so arbitrary padding values of a or a [B, T, Hv] a_log cannot leak).
     """
     a_log3, dt3 = as_rank3(a_log), as_rank3(dt_bias)
     z = a + dt3
     decay_rate = jnp.exp(a_log3)
     da = dg * (-decay_rate * jax.nn.sigmoid(z))
     da_log_full = dg * (-decay_rate * softplus(z))
+    if pad is not None:
+        da = jnp.where(pad[..., None], 0.0, da)
+        da_log_full = jnp.where(pad[..., None], 0.0, da_log_full)
     return (da,
             reduce_to_param_shape(da_log_full, a_log.shape),
             reduce_to_param_shape(da, dt_bias.shape))

@@ -25,6 +25,22 @@ def pad_time(x, chunk: int):
     return jnp.pad(x, widths)
 
 
+def segment_scalars(seg, heads: int, chunk: int, dtype):
+    """Packed-document columns per value head, time padded to a chunk
+    multiple: (doc, start) [B, Tp, H] in dtype. seg: segments.Segments.
+
+    The padded tail continues the row's last document (doc repeats its last
+    value, start 0), so the identity steps there cut nothing."""
+    doc = pad_time(seg.doc, chunk)
+    if doc.shape[1] > seg.doc.shape[1]:
+        t = seg.doc.shape[1]
+        doc = doc.at[:, t:].set(seg.doc[:, t - 1:t])
+    start = pad_time(seg.start, chunk)
+    shape = doc.shape + (heads,)
+    return (jnp.broadcast_to(doc[..., None], shape).astype(dtype),
+            jnp.broadcast_to(start[..., None], shape).astype(dtype))
+
+
 def to_chunks(x, chunk: int, dtype):
     """[B, T, H, D] -> [N, B, H, C, D] in dtype (time padded)."""
     x = pad_time(x, chunk).astype(dtype)

@@ -14,9 +14,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import conv1d, gates, l2norm
+from . import conv1d, gates, l2norm, segments
 from .backends import get_backend
 from .chunk_math import accumulation_dtype
+from .segments import zero_padding_all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +67,38 @@ def merge_heads(dq, dk, dv):
                             dv.reshape(bsz, t, -1)], axis=-1)
 
 
-def prologue(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias) -> Prologue:
+def _conv_windows(seg, conv_weight):
+    """segments.ConvWindows of packed documents, or None."""
+    return None if seg is None else segments.conv_windows(seg, conv_weight.shape[0])
+
+
+def _conv_forward(x, weight, seg, win):
+    """(silu(pre), pre) [B, T, C]; packed: the conv runs over the row with its
+    padding deleted and is cut at document starts (padding rows are 0)."""
+    if seg is None:
+        return conv1d.conv1d_silu_forward(x, weight)
+    pre_c = conv1d.conv1d_preactivation(segments.to_compact(x, win, seg.pad), weight,
+                                        win.valid)
+    pre = segments.from_compact(pre_c, win, seg.pad)
+    return jax.nn.silu(pre), pre
+
+
+def _conv_backward(x, weight, pre, dy, seg, win):
+    """(dx [B, T, C], dw [K, C]) of _conv_forward given dy [B, T, C]."""
+    if seg is None:
+        return conv1d.conv1d_silu_backward(x, weight, pre, dy)
+    dpre = dy * conv1d.silu_grad(pre)
+    dx_c, dw = conv1d.conv1d_backward(segments.to_compact(x, win, seg.pad), weight,
+                                      segments.to_compact(dpre, win, seg.pad), win.valid)
+    return segments.from_compact(dx_c, win, seg.pad), dw
+
+
+def prologue(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None,
+             win=None) -> Prologue:
+    """seg, win: segments.Segments and ConvWindows of packed documents, or
+    None (q, k, v, g, beta come out exactly 0 at padding tokens)."""
     acc = accumulation_dtype(x.dtype)
-    y, pre = conv1d.conv1d_silu_forward(x.astype(acc), conv_weight.astype(acc))
+    y, pre = _conv_forward(x.astype(acc), conv_weight.astype(acc), seg, win)
     q_raw, k_raw, v = split_heads(y, cfg)
     if cfg.use_qk_norm:
         q, k = l2norm.l2norm_forward(q_raw, cfg.eps), l2norm.l2norm_forward(k_raw, cfg.eps)
@@ -76,6 +106,7 @@ def prologue(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias) -> Prologue
         q, k = q_raw, k_raw
     g = gates.gate_forward(a.astype(acc), a_log.astype(acc), dt_bias.astype(acc))
     beta = gates.beta_forward(b.astype(acc))
+    g, beta = zero_padding_all(seg, g, beta)
     return Prologue(pre, q_raw, k_raw, q, k, v, g, beta)
 
 
@@ -84,42 +115,50 @@ def _zero_state(pro: Prologue):
     return jnp.zeros((bsz, hv, dk, dv), pro.v.dtype)
 
 
-def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias):
-    pro = prologue(cfg, x, conv_weight, a, b, a_log, dt_bias)
+def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg):
+    win = _conv_windows(seg, conv_weight)
+    pro = prologue(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, win)
     o, _, res = get_backend(cfg.impl).forward(pro.q, pro.k, pro.v, pro.g, pro.beta,
-                                              _zero_state(pro), cfg.scale, cfg.chunk_size)
-    return o.astype(x.dtype), res
+                                              _zero_state(pro), cfg.scale, cfg.chunk_size,
+                                              seg)
+    (o,) = zero_padding_all(seg, o.astype(x.dtype))
+    return o, res
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def gdn_mixer(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias):
-    """o [B, T, Hv, Dv] in x's dtype."""
-    return _forward(cfg, x, conv_weight, a, b, a_log, dt_bias)[0]
+def gdn_mixer(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None):
+    """o [B, T, Hv, Dv] in x's dtype. seg: segments.Segments of packed
+    documents, or None."""
+    return _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg)[0]
 
 
-def _fwd(cfg, x, conv_weight, a, b, a_log, dt_bias):
-    o, res = _forward(cfg, x, conv_weight, a, b, a_log, dt_bias)
-    return o, (x, conv_weight, a, b, a_log, dt_bias, res)
+def _fwd(cfg, x, conv_weight, a, b, a_log, dt_bias, seg=None):
+    o, res = _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg)
+    return o, (x, conv_weight, a, b, a_log, dt_bias, seg, res)
 
 
 def _bwd(cfg, saved, do):
-    x, conv_weight, a, b, a_log, dt_bias, res = saved
+    x, conv_weight, a, b, a_log, dt_bias, seg, res = saved
     acc = accumulation_dtype(x.dtype)
-    pro = prologue(cfg, x, conv_weight, a, b, a_log, dt_bias)
+    win = _conv_windows(seg, conv_weight)
+    pro = prologue(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, win)
+    (do,) = zero_padding_all(seg, do.astype(acc))
     dq, dk, dv, dg, dbeta, _ = get_backend(cfg.impl).backward(
-        pro.q, pro.k, pro.v, pro.g, pro.beta, res, do.astype(acc),
-        _zero_state(pro), cfg.scale, cfg.chunk_size)
+        pro.q, pro.k, pro.v, pro.g, pro.beta, res, do,
+        _zero_state(pro), cfg.scale, cfg.chunk_size, seg)
+    dq, dk, dv, dg, dbeta = zero_padding_all(seg, dq, dk, dv, dg, dbeta)
     if cfg.use_qk_norm:
         dq = l2norm.l2norm_backward(pro.q_raw, dq, cfg.eps)
         dk = l2norm.l2norm_backward(pro.k_raw, dk, cfg.eps)
-    dx, dw = conv1d.conv1d_silu_backward(x.astype(acc), conv_weight.astype(acc),
-                                         pro.pre, merge_heads(dq, dk, dv))
+    dx, dw = _conv_backward(x.astype(acc), conv_weight.astype(acc), pro.pre,
+                            merge_heads(dq, dk, dv), seg, win)
     da, da_log, ddt_bias = gates.gate_backward(a.astype(acc), a_log.astype(acc),
-                                               dt_bias.astype(acc), dg)
-    db = gates.beta_backward(b.astype(acc), dbeta)
+                                               dt_bias.astype(acc), dg,
+                                               None if seg is None else seg.pad)
+    (db,) = zero_padding_all(seg, gates.beta_backward(b.astype(acc), dbeta))
     grads = (dx, dw, da, db, da_log, ddt_bias)
     primals = (x, conv_weight, a, b, a_log, dt_bias)
-    return tuple(d.astype(p.dtype) for d, p in zip(grads, primals))
+    return tuple(d.astype(p.dtype) for d, p in zip(grads, primals)) + (None,)
 
 
 gdn_mixer.defvjp(_fwd, _bwd)

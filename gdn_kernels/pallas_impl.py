@@ -12,6 +12,7 @@ layout.pad_time):
                                 arithmetic in the kernel, no repeat of q / k)
   v, do       [B, Hv, Tp, Dv]
   g, beta     [B, Hv, Tp, 1]    a chunk is a [C, 1] column
+  doc, start  [B, Hv, Tp, 1]    packed documents only (chunk_math.ChunkSegments)
   state       [B, Hv, Dk, Dv]
 Every per-chunk window, input or output, is (C, D), (C, 1), (C, C) or
 (Dk, Dv) with the leading axes squeezed: the last two dims are full array
@@ -182,26 +183,49 @@ def _grid_position():
 
 
 def _token_streams(b, h, group, chunk, hbm, buf):
-    """The five streams both kernels read, in the order q, k, v, g, beta:
-    q and k from value head h's key head h // G, v, g and beta from head h.
-    hbm, buf: the five HBM refs and the five two-slot VMEM buffers."""
+    """The token streams both kernels read, in the order q, k, v, g, beta
+    (then doc, start when packed): q and k from value head h's key head
+    h // G, the rest from head h. hbm, buf: the HBM refs and the two-slot
+    VMEM buffers, in that order."""
     hk = lax.div(h, jnp.int32(group))  # h >= 0: truncating division, no sign op
                                        # (its TPU lowering needs the device kind)
-    heads = (hk, hk, h, h, h)
+    heads = (hk, hk) + (h,) * (len(hbm) - 2)
     return tuple(_Stream(x_hbm, x_buf, _token_rows(b, head, chunk))
                  for x_hbm, x_buf, head in zip(hbm, buf, heads))
 
 
-def _token_scratch(chunk, dk, dv, acc):
-    """The two-slot VMEM buffers of the five token streams."""
-    return [pltpu.VMEM((2, chunk, d), acc) for d in (dk, dk, dv, 1, 1)]
+def _token_scratch(chunk, dk, dv, acc, packed):
+    """The two-slot VMEM buffers of the token streams."""
+    widths = (dk, dk, dv, 1, 1) + ((1, 1) if packed else ())
+    return [pltpu.VMEM((2, chunk, d), acc) for d in widths]
 
 
-def _token_inputs(q, k, v, g, beta, chunk, acc):
-    """q, k, v, g, beta in the kernel layout (heads major, time padded)."""
-    return (_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
-            _to_heads_major(v, chunk, acc), _scalars_to_heads_major(g, chunk, acc),
-            _scalars_to_heads_major(beta, chunk, acc))
+def _token_inputs(q, k, v, g, beta, chunk, acc, seg):
+    """q, k, v, g, beta (and doc, start of packed documents, seg not None)
+    in the kernel layout (heads major, time padded)."""
+    tokens = (_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
+              _to_heads_major(v, chunk, acc), _scalars_to_heads_major(g, chunk, acc),
+              _scalars_to_heads_major(beta, chunk, acc))
+    if seg is None:
+        return tokens
+    doc, start = layout.segment_scalars(seg, v.shape[2], chunk, acc)
+    return tokens + (jnp.swapaxes(doc, 1, 2)[..., None],
+                     jnp.swapaxes(start, 1, 2)[..., None])
+
+
+def _split_refs(refs, sizes):
+    """refs cut into consecutive groups of the given sizes."""
+    groups, at = [], 0
+    for size in sizes:
+        groups.append(refs[at:at + size])
+        at += size
+    return groups
+
+
+def _chunk_segments(columns):
+    """chunk_math.ChunkSegments from the streamed (doc, start) columns, or
+    None when not packed."""
+    return cm.ChunkSegments(*columns) if columns else None
 
 
 class _Dims(NamedTuple):
@@ -236,23 +260,23 @@ def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, n_inputs
 # forward
 # --------------------------------------------------------------------------
 
-def _forward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, s0_hbm,
-                    o_ref, tinv_ref, states_ref, s_final_ref,
-                    q_buf, k_buf, v_buf, g_buf, beta_buf, s_scr, sems,
-                    *, scale, chunk, group):
+def _forward_kernel(*refs, scale, chunk, group, n_tokens):
+    """refs: n_tokens token inputs, s0; o, tinv, states, s_final; n_tokens
+    token buffers, S scratch, DMA semaphores."""
+    token_hbm, (s0_hbm, o_ref, tinv_ref, states_ref, s_final_ref), token_buf, \
+        (s_scr, sems) = _split_refs(refs, (n_tokens, 5, n_tokens, 2))
     b, h, n, n_chunks = _grid_position()
 
     @pl.when(n == 0)
     def _init():
         pltpu.sync_copy(s0_hbm.at[b, h], s_scr)
 
-    streams = _token_streams(b, h, group, chunk, (q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm),
-                             (q_buf, k_buf, v_buf, g_buf, beta_buf))
+    streams = _token_streams(b, h, group, chunk, token_hbm, token_buf)
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c)
-    q, k, v, g, beta = (s.buf[slot] for s in streams)
+    q, k, v, g, beta, *seg = (s.buf[slot] for s in streams)
 
     s0 = s_scr[...]
-    intra = cm.chunk_intra(k, v, g, beta)
+    intra = cm.chunk_intra(k, v, g, beta, _chunk_segments(seg))
     new_values, s1 = cm.chunk_state_step(s0, k, intra)
     o_ref[...] = cm.chunk_output(q, k, s0, new_values, intra.dec, scale)
     tinv_ref[...] = intra.tinv
@@ -264,14 +288,17 @@ def _forward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, s0_hbm,
         s_final_ref[...] = s1
 
 
-def forward(q, k, v, g, beta, s0, scale, chunk):
+def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
-    s0 [B, Hv, Dk, Dv]. Returns (o [B, T, Hv, Dv] accumulation dtype,
+    s0 [B, Hv, Dk, Dv]; seg: segments.Segments or None (padding already
+    zeroed by the caller). Returns (o [B, T, Hv, Dv] accumulation dtype,
     final state [B, Hv, Dk, Dv], Residuals)."""
     acc = cm.accumulation_dtype(v.dtype)
     d = _dims(q, v, chunk)
+    tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
     o, tinv, states, s_final = _call(
-        functools.partial(_forward_kernel, scale=scale, chunk=chunk, group=d.group),
+        functools.partial(_forward_kernel, scale=scale, chunk=chunk, group=d.group,
+                          n_tokens=len(tokens)),
         "gdn_chunk_forward", d,
         out_shape=(
             jax.ShapeDtypeStruct((d.bsz, d.hv, d.tp, d.dv), acc),
@@ -285,11 +312,11 @@ def forward(q, k, v, g, beta, s0, scale, chunk):
             _chunk_out_spec(d.dk, d.dv),
             _state_out_spec(d.dk, d.dv),
         ),
-        scratch_shapes=_token_scratch(chunk, d.dk, d.dv, acc) + [
+        scratch_shapes=_token_scratch(chunk, d.dk, d.dv, acc, seg is not None) + [
             pltpu.VMEM((d.dk, d.dv), acc),         # state S
         ],
-        n_inputs=6,
-    )(*_token_inputs(q, k, v, g, beta, chunk, acc), s0.astype(acc))
+        n_inputs=len(tokens) + 1,
+    )(*tokens, s0.astype(acc))
     return _from_heads_major(o, d.t), s_final, Residuals(tinv, states)
 
 
@@ -297,28 +324,30 @@ def forward(q, k, v, g, beta, s0, scale, chunk):
 # backward
 # --------------------------------------------------------------------------
 
-def _backward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, states_hbm, tinv_hbm,
-                     do_hbm, ds_final_hbm,
-                     dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, ds0_ref,
-                     q_buf, k_buf, v_buf, g_buf, beta_buf, states_buf, tinv_buf,
-                     do_buf, ds_scr, sems, *, scale, chunk, group):
+def _backward_kernel(*refs, scale, chunk, group, n_tokens):
+    """refs: n_tokens token inputs, states, tinv, do, ds_final; dq, dk, dv,
+    dg, dbeta, ds0; n_tokens token buffers, states/tinv/do buffers, dS
+    scratch, DMA semaphores."""
+    token_hbm, (states_hbm, tinv_hbm, do_hbm, ds_final_hbm), \
+        (dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, ds0_ref), token_buf, \
+        (states_buf, tinv_buf, do_buf, ds_scr, sems) = _split_refs(
+            refs, (n_tokens, 4, 6, n_tokens, 5))
     b, h, n, n_chunks = _grid_position()
 
     @pl.when(n == 0)
     def _init():
         pltpu.sync_copy(ds_final_hbm.at[b, h], ds_scr)
 
-    streams = _token_streams(b, h, group, chunk, (q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm),
-                             (q_buf, k_buf, v_buf, g_buf, beta_buf)) + (
+    streams = _token_streams(b, h, group, chunk, token_hbm, token_buf) + (
         _Stream(states_hbm, states_buf, _chunk_block(b, h)),
         _Stream(tinv_hbm, tinv_buf, _chunk_block(b, h)),
         _Stream(do_hbm, do_buf, _token_rows(b, h, chunk)),
     )
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c)
-    q, k, v, g, beta, s0, tinv, do = (s.buf[slot] for s in streams)
+    q, k, v, g, beta, *seg, s0, tinv, do = (s.buf[slot] for s in streams)
 
     ds1 = ds_scr[...]
-    bwd = cm.chunk_backward_intra(q, k, v, g, beta, tinv, do, scale)
+    bwd = cm.chunk_backward_intra(q, k, v, g, beta, tinv, do, scale, _chunk_segments(seg))
     d_new, ds0 = cm.chunk_state_cotangent_step(ds1, k, bwd.intra, bwd.terms)
     grads = cm.chunk_backward(q, k, v, beta, s0, do, ds1, d_new, bwd, scale)
     dq_ref[...] = grads.dq
@@ -333,16 +362,19 @@ def _backward_kernel(q_hbm, k_hbm, v_hbm, g_hbm, beta_hbm, states_hbm, tinv_hbm,
         ds0_ref[...] = ds0
 
 
-def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk):
+def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=None):
     """Cotangents (dq, dk, dv, dg, dbeta, ds0) in the accumulation dtype,
     from the residuals of `forward`; dq, dk summed over each key head's
-    value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]."""
+    value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]; seg as in
+    `forward` (padding cotangents are zeroed by the caller)."""
     acc = cm.accumulation_dtype(v.dtype)
     d = _dims(q, v, chunk)
     t, group = d.t, d.group
+    tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
     token_grad = lambda width: jax.ShapeDtypeStruct((d.bsz, d.hv, d.tp, width), acc)
     dq, dk_, dv_, dg, dbeta, ds0 = _call(
-        functools.partial(_backward_kernel, scale=scale, chunk=chunk, group=group),
+        functools.partial(_backward_kernel, scale=scale, chunk=chunk, group=group,
+                          n_tokens=len(tokens)),
         "gdn_chunk_backward", d,
         out_shape=(token_grad(d.dk), token_grad(d.dk), token_grad(d.dv),
                    token_grad(1), token_grad(1),
@@ -350,14 +382,14 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk):
         out_specs=tuple(_token_out_spec(chunk, width, d.n_chunks)
                         for width in (d.dk, d.dk, d.dv, 1, 1))
         + (_state_out_spec(d.dk, d.dv),),
-        scratch_shapes=_token_scratch(chunk, d.dk, d.dv, acc) + [
+        scratch_shapes=_token_scratch(chunk, d.dk, d.dv, acc, seg is not None) + [
             pltpu.VMEM((2, d.dk, d.dv), acc),     # state entering the chunk
             pltpu.VMEM((2, chunk, chunk), acc),   # cached inverse
             pltpu.VMEM((2, chunk, d.dv), acc),    # do
             pltpu.VMEM((d.dk, d.dv), acc),        # dS
         ],
-        n_inputs=9,
-    )(*_token_inputs(q, k, v, g, beta, chunk, acc), res.states.astype(acc),
+        n_inputs=len(tokens) + 4,
+    )(*tokens, res.states.astype(acc),
       res.tinv.astype(acc), _to_heads_major(do, chunk, acc), ds_final.astype(acc))
 
     dq = layout.sum_head_groups(_from_heads_major(dq, t), group)

@@ -1,6 +1,6 @@
 """Contract checks, run before any kernel: every violation raises ValueError
-(TypeError for a non-floating dtype or a non-array argument), naming the
-argument and the expected and actual shapes."""
+(TypeError for a non-floating dtype -- non-integer for segment_ids -- or a
+non-array argument), naming the argument and the expected and actual shapes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 
 IMPLS = ("pallas", "xla", "reference")
 ACTIVATION_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+SEGMENT_ID_DTYPES = (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64))
 MIN_CHUNK, MAX_CHUNK = 16, 128
 
 
@@ -97,8 +98,31 @@ def _check_nonpositive_if_concrete(name, x):
         raise ValueError(f"{name} must be <= 0 (a log decay), got a positive value")
 
 
-def validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state, chunk_size, impl):
-    """All checks of docs/contract.md section 1 and 5 for gated_delta_rule."""
+def check_segment_ids(segment_ids, b, t):
+    """None, or [B, T] int32/int64 with values >= 0 (docs/contract.md section
+    6); the values are checked when concrete (not under a trace)."""
+    if segment_ids is None:
+        return
+    if not (hasattr(segment_ids, "shape") and hasattr(segment_ids, "dtype")):
+        raise TypeError(f"segment_ids must be an array, got {type(segment_ids).__name__}")
+    if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise TypeError(f"segment_ids must have an integer dtype (int32 or int64), "
+                        f"got {segment_ids.dtype}")
+    if jnp.dtype(segment_ids.dtype) not in SEGMENT_ID_DTYPES:
+        raise ValueError(f"segment_ids has dtype {segment_ids.dtype}; supported: "
+                         f"int32, int64")
+    _check_shape("segment_ids", segment_ids, (b, t), "[B, T]")
+    if isinstance(segment_ids, jax.core.Tracer):
+        return
+    values = np.asarray(jax.device_get(segment_ids))            # host-side: never traced
+    if bool(np.any(values < 0)):
+        raise ValueError("segment_ids must be >= 0 (0 marks padding), "
+                         "got a negative value")
+
+
+def validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state, chunk_size, impl,
+                              segment_ids=None):
+    """All checks of docs/contract.md sections 1, 5 and 6 for gated_delta_rule."""
     check_impl(impl)
     check_chunk_size(chunk_size)
     check_scale(scale)
@@ -126,6 +150,7 @@ def validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state, chunk_size
         _check_array("initial_state", initial_state)
         _check_shape("initial_state", initial_state, (b, hv, dk, dv), "[B, Hv, Dk, Dv]")
         _check_param_dtype("initial_state", initial_state, v.dtype)
+    check_segment_ids(segment_ids, b, t)
     _check_nonpositive_if_concrete("g", g)
 
 
@@ -142,8 +167,9 @@ def _check_gate_param(name, p, b, t, hv):
 
 
 def validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
-                   head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size, impl):
-    """All checks of docs/contract.md sections 2 and 5 for gdn_decoupled_conv1d."""
+                   head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size, impl,
+                   segment_ids=None):
+    """All checks of docs/contract.md sections 2, 5 and 6 for gdn_decoupled_conv1d."""
     check_impl(impl)
     check_chunk_size(chunk_size)
     check_scale(scale)
@@ -181,3 +207,4 @@ def validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_head
     for name, p in (("a_log", a_log), ("dt_bias", dt_bias)):
         _check_gate_param(name, p, bsz, t, hv)
         _check_param_dtype(name, p, x.dtype)
+    check_segment_ids(segment_ids, bsz, t)

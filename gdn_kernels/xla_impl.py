@@ -44,13 +44,24 @@ def _chunked_inputs(q, k, v, g, beta, chunk, acc):
     return qc, kc, vc, gc, bc
 
 
+def _chunked_segments(seg, heads, chunk, acc):
+    """chunk_math.ChunkSegments [N, B, Hv, C, 1] of packed documents, or None."""
+    if seg is None:
+        return None
+    doc, start = layout.segment_scalars(seg, heads, chunk, acc)
+    return cm.ChunkSegments(doc=layout.scalars_to_chunks(doc, chunk, acc),
+                            start=layout.scalars_to_chunks(start, chunk, acc))
+
+
 # The stages below are separate functions so that benchmarks/profile_vjp.py
 # can jit and time each alone; forward and backward are their compositions.
 
-def forward_intra(q, k, v, g, beta, chunk, acc):
-    """Chunked q, k and the state-independent ChunkIntra of every chunk."""
+def forward_intra(q, k, v, g, beta, chunk, acc, seg=None):
+    """Chunked q, k and the state-independent ChunkIntra of every chunk
+    (seg: segments.Segments of packed documents, or None)."""
     qc, kc, vc, gc, bc = _chunked_inputs(q, k, v, g, beta, chunk, acc)
-    return qc, kc, _vmap_n(cm.chunk_intra, 3)(kc, vc, gc, bc)
+    segc = _chunked_segments(seg, v.shape[2], chunk, acc)
+    return qc, kc, _vmap_n(cm.chunk_intra, 3)(kc, vc, gc, bc, segc)
 
 
 def state_scan(s0, kc, intra, acc):
@@ -72,24 +83,26 @@ def chunk_outputs(qc, kc, states, new_values, dec, scale, t):
     return layout.from_chunks(oc, t)
 
 
-def forward(q, k, v, g, beta, s0, scale, chunk):
+def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
-    s0 [B, Hv, Dk, Dv]. Returns (o [B, T, Hv, Dv] accumulation dtype,
+    s0 [B, Hv, Dk, Dv]; seg: segments.Segments or None (padding already
+    zeroed by the caller). Returns (o [B, T, Hv, Dv] accumulation dtype,
     final state [B, Hv, Dk, Dv], Residuals)."""
     acc = cm.accumulation_dtype(v.dtype)
-    qc, kc, intra = forward_intra(q, k, v, g, beta, chunk, acc)
+    qc, kc, intra = forward_intra(q, k, v, g, beta, chunk, acc, seg)
     s_final, states, new_values = state_scan(s0, kc, intra, acc)
     o = chunk_outputs(qc, kc, states, new_values, intra.dec, scale, q.shape[1])
     return o, s_final, Residuals(intra.tinv, states)
 
 
-def backward_intra(q, k, v, g, beta, tinv, do, scale, chunk, acc):
+def backward_intra(q, k, v, g, beta, tinv, do, scale, chunk, acc, seg=None):
     """Chunked inputs and the ChunkBackwardIntra of every chunk (decay, WY
     factors from the cached inverse, attention, dS1-independent terms)."""
     qc, kc, vc, gc, bc = _chunked_inputs(q, k, v, g, beta, chunk, acc)
     doc = layout.to_chunks(do, chunk, acc)
-    bwd = _vmap_n(cm.chunk_backward_intra, 3, in_axes=(0,) * 7 + (None,))(
-        qc, kc, vc, gc, bc, tinv, doc, scale)
+    segc = _chunked_segments(seg, v.shape[2], chunk, acc)
+    bwd = _vmap_n(cm.chunk_backward_intra, 3, in_axes=(0,) * 7 + (None, 0))(
+        qc, kc, vc, gc, bc, tinv, doc, scale, segc)
     return qc, kc, vc, bc, doc, bwd
 
 
@@ -123,13 +136,14 @@ def grads_to_contract(grads, t, group):
     return dq, dk, dv, dg, dbeta
 
 
-def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk):
+def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=None):
     """Cotangents (dq, dk, dv, dg, dbeta, ds0) in the accumulation dtype,
     from the residuals of `forward`; dq, dk summed over each key head's
-    value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]."""
+    value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]; seg as in
+    `forward` (padding cotangents are zeroed by the caller)."""
     acc = cm.accumulation_dtype(v.dtype)
     qc, kc, vc, bc, doc, bwd = backward_intra(q, k, v, g, beta, res.tinv, do, scale,
-                                              chunk, acc)
+                                              chunk, acc, seg)
     ds_initial, ds_ends, d_new = state_cotangent_scan(ds_final, kc, bwd, acc)
     grads = chunk_grads(qc, kc, vc, bc, res.states, doc, ds_ends, d_new, bwd, scale)
     dq, dk, dv, dg, dbeta = grads_to_contract(grads, q.shape[1], v.shape[2] // q.shape[2])

@@ -62,7 +62,9 @@ class DeltaRuleCase(CaseShape):
     key_norm: row norm of k (and q); beta * key_norm**2 <= 2 is a stable
     (contractive) recurrence. gate_regime / beta_regime: see
     strategies.regimes. zero_rows: (which, batch, token, key head) rows of q
-    or k set to exactly zero.
+    or k set to exactly zero. segments: the packed layout, one row layout
+    ((id, length), ...) per batch row (strategies.segments); () means
+    segment_ids=None.
     """
     dtype: str
     state_dtype: str
@@ -72,6 +74,7 @@ class DeltaRuleCase(CaseShape):
     beta_regime: str = "ordinary"
     key_norm: float = 1.0
     zero_rows: Tuple[Tuple[str, int, int, int], ...] = ()
+    segments: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
 
     @property
     def stable(self) -> bool:
@@ -85,7 +88,8 @@ class MixerCase(CaseShape):
 
     a_log_shape / dt_bias_shape: the parameter shapes ([Hv], [B', Hv] or
     [B', T', Hv], size-1 axes broadcast). param_dtype: dtype of conv_weight,
-    a_log and dt_bias (float32 or the activation dtype).
+    a_log and dt_bias (float32 or the activation dtype). segments: the
+    packed layout as for DeltaRuleCase; () means segment_ids=None.
     """
     conv_width: int
     dtype: str
@@ -98,14 +102,20 @@ class MixerCase(CaseShape):
     gate_regime: str = "ordinary"
     beta_regime: str = "ordinary"
     near_zero: Tuple[NearZeroRow, ...] = ()
+    segments: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
 
 
 CASE_TYPES = {"DeltaRuleCase": DeltaRuleCase, "MixerCase": MixerCase}
 
 
 def case_to_json(case) -> dict:
-    """Plain-JSON form: {"type": ..., "fields": {...}}."""
-    return {"type": type(case).__name__, "fields": dataclasses.asdict(case)}
+    """Plain-JSON form: {"type": ..., "fields": {...}}. An unpacked case
+    (segments == ()) leaves "segments" out, so its JSON (and the digest of
+    its counterexample file) is what it was before packing existed."""
+    fields = dataclasses.asdict(case)
+    if not fields["segments"]:
+        del fields["segments"]
+    return {"type": type(case).__name__, "fields": fields}
 
 
 def _tuplify(value):
@@ -124,6 +134,7 @@ def case_from_json(data: dict):
         fields["dt_bias_shape"] = tuple(fields["dt_bias_shape"])
     else:
         fields["zero_rows"] = _tuplify(fields.get("zero_rows", []))
+    fields["segments"] = _tuplify(fields.get("segments", []))
     return cls(**fields)
 
 

@@ -14,18 +14,52 @@ from hypothesis import strategies as st
 
 from . import lattice, regimes
 from .cases import DeltaRuleCase, MixerCase, NearZeroRow
+from .segments import layout_features, segment_layouts
 
 SEEDS = st.integers(0, 2**31 - 1)
 
 # Norms that span sqrt(eps) = 1e-3 at the default eps = 1e-6.
 TINY_NORMS = (1e-8, 1e-6, 1e-4, 1e-3, 3e-3, 1e-2)
 
+# The conv width the delta-rule op's layouts are drawn for (it has no conv;
+# K-1 = 3 is the mixer's usual short document).
+DELTA_CONV_WIDTH = 4
 
-def _geometries(rows, knobs, where):
+
+def _packable(where):
+    """`where` narrowed to the geometries packed cases draw from: T >= 2 (a
+    T = 1 row is one token, document or padding: nothing to pack)."""
+    return lambda geo: where(geo) and lattice.seq_len(geo["length"], geo["chunk"]) >= 2
+
+
+def _spans_a_chunk_edge(geo) -> bool:
+    """T >= C + 1: documents can start at, just before and just after a
+    chunk edge. Packed cases draw these geometries twice as often."""
+    return lattice.seq_len(geo["length"], geo["chunk"]) >= geo["chunk"] + 1
+
+
+def _packed_segments(draw, packed, batch, seq_len, chunk, conv_width):
+    """segments for a case: () unless packed (then nothing is drawn, so
+    unpacked distributions are unchanged); packed draws a batch layout and
+    emits an event per LAYOUT_FEATURES feature it has."""
+    if not packed:
+        return ()
+    layouts = draw(segment_layouts(batch, seq_len, chunk, conv_width))
+    for name in layout_features(layouts, chunk, conv_width):
+        event(f"segments: {name}")
+    return layouts
+
+
+def _geometries(rows, knobs, where, favour=None):
+    """The lattice rows passing `where`, as geometry dicts; rows passing
+    `favour` too are listed twice (drawn twice as often), after the others
+    so shrinking still heads for the first row."""
     names = list(knobs)
     picked = [r for r in rows if where(dict(zip(names, r)))]
     if not picked:
         raise ValueError("no lattice geometry satisfies the filter")
+    if favour is not None:
+        picked += [r for r in picked if favour(dict(zip(names, r)))]
     return st.sampled_from(picked).map(lambda r: dict(zip(names, r)))
 
 
@@ -38,17 +72,23 @@ def _event_geometry(geo, length):
 
 @st.composite
 def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
-                     beta_regimes=regimes.BETA_REGIMES, stable=True, zero_rows=None):
+                     beta_regimes=regimes.BETA_REGIMES, stable=True, zero_rows=None,
+                     packed=False):
     """A DeltaRuleCase from the gated_delta_rule lattice.
 
     where: filter on the geometry dict (keys of lattice.DELTA_KNOBS).
     stable=True: unit keys, beta |k|^2 <= 1; stable=False: |k|^2 in 2.6..4
     (expanding recurrence) and T <= 2C+1. zero_rows: None draws 0..2
-    all-zero q/k rows, True forces at least one, False none."""
+    all-zero q/k rows, True forces at least one, False none. packed=True:
+    T >= 2 (T >= C+1 favoured) and a drawn segment layout
+    (strategies.segments, K = 4); packed=False: segments=()."""
+    if packed:
+        where = _packable(where)
     if not stable:
         base = where
         where = lambda geo: base(geo) and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1  # noqa: E731
-    geo = draw(_geometries(lattice.delta_geometries(), lattice.DELTA_KNOBS, where))
+    geo = draw(_geometries(lattice.delta_geometries(), lattice.DELTA_KNOBS, where,
+                           favour=_spans_a_chunk_edge if packed else None))
     chunk = geo["chunk"]
     seq_len = lattice.seq_len(geo["length"], chunk)
     hk, group, dk, dv = geo["layout"]
@@ -64,7 +104,8 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
         gate_regime=draw(st.sampled_from(gate_regimes)),
         beta_regime=draw(st.sampled_from(beta_regimes)),
         key_norm=1.0 if stable else draw(st.sampled_from((1.6, 1.8, 2.0))),
-        zero_rows=rows)
+        zero_rows=rows,
+        segments=_packed_segments(draw, packed, batch, seq_len, chunk, DELTA_CONV_WIDTH))
     _event_geometry(geo, seq_len)
     event(f"gate regime {case.gate_regime}; beta regime {case.beta_regime}")
     return case
@@ -89,13 +130,19 @@ def near_zero_rows(draw, batch, seq_len, k_heads, *, min_rows=0, max_rows=2,
 
 @st.composite
 def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
-                beta_regimes=regimes.BETA_REGIMES, near_zero=None, eps_values=(1e-6,)):
+                beta_regimes=regimes.BETA_REGIMES, near_zero=None, eps_values=(1e-6,),
+                packed=False):
     """A MixerCase from the mixer lattice.
 
     where: filter on the geometry dict (keys of lattice.MIXER_KNOBS).
     near_zero: None draws 0..2 (near-)zero q/k rows, True forces >= 1,
-    False none. eps_values: the QK-norm eps values to draw from."""
-    geo = draw(_geometries(lattice.mixer_geometries(), lattice.MIXER_KNOBS, where))
+    False none. eps_values: the QK-norm eps values to draw from.
+    packed=True: T >= 2 (T >= C+1 favoured) and a drawn segment layout
+    (strategies.segments); packed=False: segments=()."""
+    if packed:
+        where = _packable(where)
+    geo = draw(_geometries(lattice.mixer_geometries(), lattice.MIXER_KNOBS, where,
+                           favour=_spans_a_chunk_edge if packed else None))
     chunk = geo["chunk"]
     seq_len = lattice.seq_len(geo["length"], chunk)
     hk, group, dk, dv = geo["layout"]
@@ -112,7 +159,8 @@ def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIM
         seed=draw(SEEDS), use_qk_norm=geo["qk_norm"],
         eps=draw(st.sampled_from(eps_values)),
         gate_regime=draw(st.sampled_from(gate_regimes)),
-        beta_regime=draw(st.sampled_from(beta_regimes)), near_zero=rows)
+        beta_regime=draw(st.sampled_from(beta_regimes)), near_zero=rows,
+        segments=_packed_segments(draw, packed, batch, seq_len, chunk, geo["conv_width"]))
     _event_geometry(geo, seq_len)
     event(f"a_log {geo['a_log']}; dt_bias {geo['dt_bias']}; qk_norm={geo['qk_norm']}")
     return case

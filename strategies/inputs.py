@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from . import regimes
+from . import regimes, segments
 from .cases import DeltaRuleCase, MixerCase
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float64": np.float64}
@@ -80,6 +80,15 @@ def mixer_inputs(case: MixerCase) -> dict:
     act, par = np_dtype(case.dtype), np_dtype(case.param_dtype)
     return {"x": x.astype(act), "conv_weight": weight.astype(par), "a": a.astype(act),
             "b": b.astype(act), "a_log": a_log.astype(par), "dt_bias": dt_bias.astype(par)}
+
+
+def segment_ids_of(case):
+    """The case's segment_ids: int32 [B, T] (0 = padding), or None for an
+    unpacked case (segments == ()). Kept out of the *_inputs dicts, whose
+    keys are the differentiable inputs."""
+    if not case.segments:
+        return None
+    return segments.segment_ids(case.segments)
 
 
 def cotangent(seed: int, shape, dtype=np.float64) -> np.ndarray:

@@ -27,7 +27,8 @@ from hypothesis import target as hypothesis_target
 
 from .tolerance import TensorError, format_table, worst
 
-FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "stability", "bad_input")
+FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "stability",
+            "bad_input")
 
 
 class PropertyFailure(AssertionError):

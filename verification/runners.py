@@ -14,7 +14,7 @@ import numpy as np
 
 from gdn_kernels import api as reference_api
 from gdn_kernels.interpret import resolved_mode
-from strategies import cotangent, delta_rule_inputs, mixer_inputs
+from strategies import cotangent, delta_rule_inputs, mixer_inputs, segment_ids_of
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from .targets import Target
@@ -87,25 +87,32 @@ def mixer_static(case: MixerCase) -> Tuple:
 
 
 # -------------------------------------------------------------- runners
-@functools.lru_cache(maxsize=None)
-def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool, mode: str):
-    """jit((arrays, cotangents) -> (outputs, grads)) for one op; `mode` (the
-    GDN_INTERPRET mode read now) keys the cache, so a mode change retraces."""
-    del mode
+def _caller(fn: Callable, op: str, static: Tuple, has_state: bool):
+    """call(arrays, ids) -> fn's outputs: the last array is initial_state
+    when has_state (delta rule); ids (segment_ids, traced) or None is
+    passed only when given, so targets without packing still run."""
     kw = dict(static)
 
-    if op == "delta":
-        def call(*arrays):
-            if has_state:
-                *act, s0 = arrays
-                return fn(*act, initial_state=s0, **kw)
-            return fn(*arrays, **kw)
-    else:
-        def call(*arrays):
-            return fn(*arrays, **kw)
+    def call(arrays, ids):
+        extra = {} if ids is None else {"segment_ids": ids}
+        if op == "delta" and has_state:
+            *act, s0 = arrays
+            return fn(*act, initial_state=s0, **extra, **kw)
+        return fn(*arrays, **extra, **kw)
 
-    def run(arrays, cts):
-        out, pullback = jax.vjp(call, *arrays)
+    return call
+
+
+@functools.lru_cache(maxsize=None)
+def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool, mode: str):
+    """jit((arrays, cotangents, ids) -> (outputs, grads)) for one op; `mode`
+    (the GDN_INTERPRET mode read now) keys the cache, so a mode change
+    retraces. ids: segment_ids [B, T] (traced) or None."""
+    del mode
+    call = _caller(fn, op, static, has_state)
+
+    def run(arrays, cts, ids):
+        out, pullback = jax.vjp(lambda *a: call(a, ids), *arrays)
         outs = out if isinstance(out, tuple) else (out,)
         cts = tuple(c.astype(o.dtype) for c, o in zip(cts, outs))
         return out, pullback(cts if isinstance(out, tuple) else cts[0])
@@ -116,10 +123,8 @@ def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool, mode: str
 @functools.lru_cache(maxsize=None)
 def _forward_runner(fn: Callable, op: str, static: Tuple, has_state: bool, mode: str):
     del mode
-    kw = dict(static)
-    if op == "delta" and has_state:
-        return jax.jit(lambda *a: fn(*a[:-1], initial_state=a[-1], **kw))
-    return jax.jit(lambda *a: fn(*a, **kw))
+    call = _caller(fn, op, static, has_state)
+    return jax.jit(lambda arrays, ids: call(arrays, ids))
 
 
 def target_fn(target: Target, op: str):
@@ -174,18 +179,20 @@ def _out_shapes(case):
 
 # -------------------------------------------------------------- public runs
 def run_vjp(fn, case, inputs, cts, *, x64=False):
-    """(outputs tuple, grads dict) of fn on the named inputs, as numpy."""
+    """(outputs tuple, grads dict) of fn on the named inputs, as numpy
+    (segment_ids from the case when it is packed)."""
     op = case_op(case)
     names = tuple(inputs)
     has_state = "initial_state" in inputs
     runner = _vjp_runner(fn, op, _static(case), has_state, resolved_mode())
+    ids = segment_ids_of(case)
     if x64:
         with jax.enable_x64(True):
             arrays = tuple(np.asarray(inputs[n], np.float64) for n in names)
-            out, grads = runner(arrays, tuple(np.asarray(c, np.float64) for c in cts))
+            out, grads = runner(arrays, tuple(np.asarray(c, np.float64) for c in cts), ids)
     else:
         arrays = tuple(np.asarray(inputs[n]) for n in names)
-        out, grads = runner(arrays, cts)
+        out, grads = runner(arrays, cts, ids)
     out = out if isinstance(out, tuple) else (out,)
     return tuple(np.asarray(o) for o in out), {n: np.asarray(g) for n, g in zip(names, grads)}
 
@@ -195,11 +202,12 @@ def run_forward(fn, case, inputs, *, x64=False):
     names = tuple(inputs)
     runner = _forward_runner(fn, op, _static(case), "initial_state" in inputs,
                              resolved_mode())
+    ids = segment_ids_of(case)
     if x64:
         with jax.enable_x64(True):
-            out = runner(*(np.asarray(inputs[n], np.float64) for n in names))
+            out = runner(tuple(np.asarray(inputs[n], np.float64) for n in names), ids)
     else:
-        out = runner(*(np.asarray(inputs[n]) for n in names))
+        out = runner(tuple(np.asarray(inputs[n]) for n in names), ids)
     out = out if isinstance(out, tuple) else (out,)
     return tuple(np.asarray(o) for o in out)
 

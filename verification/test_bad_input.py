@@ -2,11 +2,13 @@
 generated violations are the registered property bad_input_raises_named_error,
 verification/properties/bad_input.py)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import gdn_kernels
+from gdn_kernels import validation
 
 
 def _mixer_args(b=1, t=5, hk=1, hv=2, dk=4, dv=3, k=4):
@@ -78,3 +80,52 @@ def test_valid_minimal_inputs_run():
     assert o.shape == (1, 5, 2, 3) and o.dtype == jnp.float32
     o, s = gdn_kernels.gated_delta_rule(**_delta_args())
     assert o.shape == (1, 5, 2, 3) and s.shape == (1, 2, 4, 3) and s.dtype == jnp.float32
+
+
+# segment_ids (docs/contract.md section 6): checked by the validation functions
+# directly, so these rules do not depend on the public API accepting the keyword.
+def _validate(op, segment_ids):
+    if op == "mixer":
+        a = _mixer_args()
+        validation.validate_mixer(
+            a["x"], a["conv_weight"], a["a"], a["b"], a["a_log"], a["dt_bias"],
+            a["num_k_heads"], a["num_v_heads"], a["head_k_dim"], a["head_v_dim"],
+            True, 1e-6, None, 64, a["impl"], segment_ids=segment_ids)
+    else:
+        a = _delta_args()
+        validation.validate_gated_delta_rule(
+            a["q"], a["k"], a["v"], a["g"], a["beta"], None, None, 64, a["impl"],
+            segment_ids=segment_ids)
+
+
+@pytest.mark.parametrize("op", ["mixer", "delta_rule"])
+@pytest.mark.parametrize("segment_ids, match, error", [
+    (np.ones((1, 5), np.float32), r"segment_ids must have an integer dtype", TypeError),
+    (np.ones((1, 5), np.bool_), r"segment_ids must have an integer dtype", TypeError),
+    ([[1, 1, 1, 1, 1]], r"segment_ids must be an array", TypeError),
+    (np.ones((1, 5), np.int8), r"segment_ids has dtype int8", ValueError),
+    (np.ones((1, 4), np.int32), r"segment_ids: expected shape \[1, 5\]", ValueError),
+    (np.ones((2, 5), np.int32), r"segment_ids: expected shape \[1, 5\]", ValueError),
+    (np.ones((5,), np.int32), r"segment_ids: expected shape \[1, 5\]", ValueError),
+    (np.array([[1, 1, -1, 0, 2]], np.int32), r"segment_ids must be >= 0", ValueError),
+    (np.array([[0, 0, 0, 0, -3]], np.int64), r"segment_ids must be >= 0", ValueError),
+])
+def test_segment_ids_validation_rule(op, segment_ids, match, error):
+    with pytest.raises(error, match=match):
+        _validate(op, segment_ids)
+
+
+@pytest.mark.parametrize("op", ["mixer", "delta_rule"])
+@pytest.mark.parametrize("segment_ids", [
+    None, np.zeros((1, 5), np.int32), np.array([[0, 1, 1, 0, 7]], np.int64)])
+def test_valid_segment_ids_pass(op, segment_ids):
+    _validate(op, segment_ids)
+
+
+@pytest.mark.parametrize("op", ["mixer", "delta_rule"])
+def test_traced_segment_ids_skip_the_value_check(op):
+    """Under jit the values are unknown: dtype and shape are still checked."""
+    negative = jnp.full((1, 5), -1, jnp.int32)
+    jax.jit(lambda ids: _validate(op, ids))(negative)
+    with pytest.raises(ValueError, match=r"segment_ids: expected shape \[1, 5\]"):
+        jax.jit(lambda ids: _validate(op, ids))(negative[:, :4])

@@ -9,8 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import (case_from_json, case_to_json, delta_rule_cases, delta_rule_inputs,
-                        mixer_cases, mixer_inputs)
+                        mixer_cases, mixer_inputs, segment_ids_of)
 from strategies import lattice, regimes
+from strategies.composite import DELTA_CONV_WIDTH
+from strategies.segments import (LAYOUT_FEATURES, documents, layout_features, padding_mask,
+                                 segment_ids)
 
 
 def _covers_all_pairs(knobs, rows):
@@ -131,6 +134,8 @@ def test_cases_round_trip_through_json_and_rebuild_identically(case):
     text = json.dumps(case_to_json(case))
     again = case_from_json(json.loads(text))
     assert again == case
+    assert case.segments == () and segment_ids_of(case) is None
+    assert "segments" not in text      # unpacked JSON is as before packing existed
     build = mixer_inputs if type(case).__name__ == "MixerCase" else delta_rule_inputs
     first, second = build(case), build(again)
     for name in first:
@@ -138,3 +143,109 @@ def test_cases_round_trip_through_json_and_rebuild_identically(case):
             assert second[name] is None
         else:
             assert np.array_equal(first[name].view(np.uint8), second[name].view(np.uint8))
+
+
+# --- packed sequences (strategies.segments) ---------------------------------
+
+def _documents_by_deletion(ids):
+    """The contract's definition, token by token: drop padding, then start
+    a new document wherever the id differs from the previous kept token's."""
+    docs, previous = [], None
+    for t, seg_id in enumerate(ids):
+        if seg_id == 0:
+            continue
+        if seg_id != previous:
+            docs.append([])
+        docs[-1].append(t)
+        previous = seg_id
+    return docs
+
+
+def test_documents_follow_the_deletion_definition_table():
+    table = [([1, 1, 2, 2, 1], [[0, 1], [2, 3], [4]]),
+             ([1, 1, 0, 0, 1], [[0, 1, 4]]),
+             ([0, 0, 0], []),
+             ([0, 2, 2, 0], [[1, 2]]),
+             ([3, 0, 5, 0, 3], [[0], [2], [4]]),
+             ([7], [[0]])]
+    for ids, expected in table:
+        assert [d.tolist() for d in documents(np.array(ids))] == expected, ids
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=12))
+def test_documents_match_the_definition_token_by_token(ids):
+    assert [d.tolist() for d in documents(np.array(ids, np.int32))] == _documents_by_deletion(ids)
+
+
+# Hand-written layouts (C = 16, K = 4) and exactly the features they have;
+# together they have every feature.
+FEATURE_TABLE = [
+    # docs [2..15] len 14, [16, 20..22] len 4, [23..32] len 10
+    ((((0, 2), (1, 14), (2, 1), (0, 3), (2, 3), (1, 10)),),
+     {"boundary at a chunk edge", "boundary inside a chunk", "left padding",
+      "padding inside a document", "id repeated in two documents"}),
+    ((((5, 15), (0, 1), (6, 2)), ((0, 18),)),
+     {"doc length C-1", "boundary at a chunk edge", "padding between documents",
+      "all-padding row"}),
+    ((((1, 17), (2, 1), (3, 3), (4, 16), (0, 3)),),
+     {"doc length C+1", "doc length 1", "doc length K-1", "doc length C",
+      "boundary one after a chunk edge", "boundary inside a chunk", "right padding"}),
+    ((((1, 15), (2, 25)), ((7, 40),)),
+     {"doc length C-1", "doc length > C+1", "boundary one before a chunk edge",
+      "single document, no padding"}),
+]
+
+
+def test_layout_features_of_hand_written_layouts():
+    for layouts, expected in FEATURE_TABLE:
+        assert set(layout_features(layouts, 16, 4)) == expected, layouts
+    assert set().union(*(e for _, e in FEATURE_TABLE)) == set(LAYOUT_FEATURES)
+
+
+def _check_packed_case(case, conv_width):
+    """A packed case is well formed; returns the features its layout has."""
+    assert len(case.segments) == case.batch
+    for row in case.segments:
+        assert sum(length for _, length in row) == case.seq_len
+        assert all(seg_id >= 0 and length >= 1 for seg_id, length in row)
+        assert all(a[0] != b[0] for a, b in zip(row, row[1:]))      # runs are maximal
+    ids = segment_ids_of(case)
+    assert ids.shape == (case.batch, case.seq_len) and ids.dtype == np.int32
+    assert np.array_equal(padding_mask(ids), ids == 0)
+    for row in ids:                    # documents partition the non-padding tokens
+        docs = documents(row)
+        tokens = np.concatenate(docs) if docs else np.zeros(0, int)
+        assert np.array_equal(tokens, np.flatnonzero(row))
+    again = case_from_json(json.loads(json.dumps(case_to_json(case))))
+    assert again == case and np.array_equal(segment_ids_of(again), ids)
+    return layout_features(case.segments, case.chunk, conv_width)
+
+
+def _reached_features(strategy, conv_width_of, draws):
+    """The LAYOUT_FEATURES reached in `draws` derandomized draws (checking
+    each case is well formed on the way)."""
+    reached = set()
+
+    @settings(max_examples=draws, derandomize=True, database=None, deadline=None)
+    @given(strategy)
+    def draw(case):
+        reached.update(_check_packed_case(case, conv_width_of(case)))
+
+    draw()
+    return reached
+
+
+def test_packed_delta_rule_cases_reach_every_layout_feature():
+    reached = _reached_features(delta_rule_cases(packed=True), lambda c: DELTA_CONV_WIDTH, 150)
+    assert reached == set(LAYOUT_FEATURES), f"never drawn: {set(LAYOUT_FEATURES) - reached}"
+
+
+def test_packed_mixer_cases_reach_every_layout_feature():
+    reached = _reached_features(mixer_cases(packed=True), lambda c: c.conv_width, 150)
+    assert reached == set(LAYOUT_FEATURES), f"never drawn: {set(LAYOUT_FEATURES) - reached}"
+
+
+def test_segment_ids_of_a_layout():
+    ids = segment_ids((((0, 2), (3, 1)), ((1, 3),)))
+    assert ids.dtype == np.int32 and ids.tolist() == [[0, 0, 3], [1, 1, 1]]

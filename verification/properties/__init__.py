@@ -6,12 +6,14 @@ registers them all in verification.registry.PROPERTIES.
                      differences of the target's own forward, scale invariance
   reduced_gradients  a_log / dt_bias cotangent shapes and broadcast sums
   metamorphic        chunk size, split, causality, batch rows, GVA, determinism
+  packing            packed documents == documents alone, padding transparent
+                     with exactly-zero cotangents, packed oracle parity
   stability          no spurious NaN on expanding recurrences
   bad_input          contract violations raise named errors
 """
 
 # Import order is test order: parity first.
-from . import parity, eps, reduced_gradients, metamorphic, stability, bad_input  # noqa: F401,I001
+from . import parity, eps, reduced_gradients, metamorphic, packing, stability, bad_input  # noqa: F401,I001,E501
 from ..registry import PROPERTIES, PropertyFailure
 
 __all__ = ["PROPERTIES", "PropertyFailure"]
