@@ -1,6 +1,13 @@
-"""A foreign target: the contract (sections 1-5) as a token-by-token scan in
+"""A foreign target: the contract (sections 1-6) as a token-by-token scan in
 float32 with plain JAX autodiff (no custom_vjp), written independently of
 gdn_kernels' kernel math (only its input validation is reused).
+
+Packed rows (segment_ids, section 6) run through separate scans that carry
+masks: a padding token is a skipped step (state and conv history selected
+unchanged with jnp.where, output 0, its inputs replaced by zeros with
+jnp.where, so its cotangents are exactly 0), and a document start selects a
+zero state / zero conv history before its step. segment_ids=None runs the
+unmasked scans.
 
 Accepts float32 / bfloat16 activations, parameters and state; refuses
 float64 with an error naming the argument (a TypeError that is also a
@@ -91,6 +98,89 @@ def mixer(x, conv_weight, a, b, a_log, dt_bias, hk, hv, dk, dv, use_qk_norm, eps
                 jnp.zeros((bsz, hv, dk, dv), F32), scale)[0]
 
 
+# ------------------------------------------------------------------ packed rows (section 6)
+def packing_masks(ids):
+    """(real, start), each [B,T] bool, from segment_ids [B,T]: real marks a
+    non-padding token; start marks a real token whose nearest earlier real
+    token has another id (a row's first real token is no start: the first
+    document continues the incoming state)."""
+    real = ids != 0
+    pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    last_real = lax.cummax(jnp.where(real, pos, -1), axis=1)            # <= t
+    before = jnp.pad(last_real[:, :-1], ((0, 0), (1, 0)), constant_values=-1)  # < t
+    prev_id = jnp.take_along_axis(ids, jnp.maximum(before, 0), axis=1)
+    return real, real & (before >= 0) & (prev_id != ids)
+
+
+def keep_real(x, real):
+    """x [B,T,...] with every padding token's entries replaced by zeros (a
+    select: the cotangent at padding is exactly 0 whatever x holds there)."""
+    return jnp.where(real.reshape(real.shape + (1,) * (x.ndim - 2)), x, jnp.zeros((), x.dtype))
+
+
+def packed_scan(q, k, v, g, beta, s0, scale, real, start):
+    """scan() on packed rows: padding steps leave S as it is and emit 0;
+    a document start replaces the carried S with zeros first."""
+    key_head = jnp.arange(v.shape[2]) // (v.shape[2] // q.shape[2])
+    q, k, v, g, beta = (keep_real(a, real) for a in (q[:, :, key_head], k[:, :, key_head],
+                                                      v, g, beta))
+
+    def step(s, inputs):
+        q_t, k_t, v_t, g_t, b_t, real_t, start_t = inputs
+        s_in = jnp.where(start_t[:, None, None, None], jnp.zeros((), s.dtype), s)
+        s_dec = s_in * jnp.exp(g_t)[:, :, None, None]
+        pred = jnp.einsum("bhkv,bhk->bhv", s_dec, k_t, precision=HIGHEST)
+        s_new = s_dec + k_t[..., :, None] * (b_t[..., None] * (v_t - pred))[..., None, :]
+        o_t = scale * jnp.einsum("bhkv,bhk->bhv", s_new, q_t, precision=HIGHEST)
+        return (jnp.where(real_t[:, None, None, None], s_new, s),
+                jnp.where(real_t[:, None, None], o_t, jnp.zeros((), o_t.dtype)))
+
+    xs = [jnp.swapaxes(a, 0, 1) for a in (q, k, v, g, beta, real, start)]
+    s_last, o = lax.scan(step, s0, xs)
+    return jnp.swapaxes(o, 0, 1), s_last
+
+
+def packed_causal_conv_silu(x, w, real, start):
+    """causal_conv_silu on packed rows, as a scan carrying the last K-1 real
+    inputs of the current document: padding neither reads nor shifts the
+    history (its y is 0); a document start clears it."""
+    width = w.shape[0]
+    x = keep_real(x, real)
+
+    def step(hist, inputs):                      # hist [B, K-1, C]
+        x_t, real_t, start_t = inputs
+        hist_in = jnp.where(start_t[:, None, None], jnp.zeros((), hist.dtype), hist)
+        window = jnp.concatenate([hist_in, x_t[:, None]], axis=1)        # [B, K, C]
+        pre = sum(w[j] * window[:, j] for j in range(width))
+        y_t = jnp.where(real_t[:, None], pre * jax.nn.sigmoid(pre), jnp.zeros((), pre.dtype))
+        return jnp.where(real_t[:, None, None], window[:, 1:], hist), y_t
+
+    hist0 = jnp.zeros((x.shape[0], width - 1, x.shape[2]), x.dtype)
+    _, y = lax.scan(step, hist0, [jnp.swapaxes(a, 0, 1) for a in (x, real, start)])
+    return jnp.swapaxes(y, 0, 1)
+
+
+def packed_mixer(x, conv_weight, a, b, a_log, dt_bias, ids, hk, hv, dk, dv, use_qk_norm,
+                 eps, scale):
+    """mixer() on packed rows (inputs already float32). Every per-token
+    input, the broadcast gate parameters included, is zeroed at padding by
+    a select before use, so padding cotangents are exactly 0."""
+    bsz, t, _ = x.shape
+    real, start = packing_masks(ids)
+    y = packed_causal_conv_silu(x, conv_weight, real, start)
+    q = y[..., :hk * dk].reshape(bsz, t, hk, dk)
+    k = y[..., hk * dk:2 * hk * dk].reshape(bsz, t, hk, dk)
+    v = y[..., 2 * hk * dk:].reshape(bsz, t, hv, dv)
+    if use_qk_norm:
+        q, k = l2norm_forward(q, eps), l2norm_forward(k, eps)
+    a_log3 = keep_real(jnp.broadcast_to(as_rank3(a_log), a.shape), real)
+    dt_bias3 = keep_real(jnp.broadcast_to(as_rank3(dt_bias), a.shape), real)
+    g = -jnp.exp(a_log3) * jax.nn.softplus(keep_real(a, real) + dt_bias3)
+    beta = jax.nn.sigmoid(keep_real(b, real))
+    return packed_scan(q, k, v, g, beta, jnp.zeros((bsz, hv, dk, dv), F32), scale,
+                       real, start)[0]
+
+
 # ------------------------------------------------------------------ jitted entry points
 def _f32(*arrays):     # autodiff casts each cotangent back to its primal's dtype
     return [a.astype(F32) for a in arrays]
@@ -98,40 +188,49 @@ def _f32(*arrays):     # autodiff casts each cotangent back to its primal's dtyp
 
 @functools.lru_cache(maxsize=None)
 def _delta_jit(scale):
-    def run(q, k, v, g, beta, s0):
-        o, s = scan(*_f32(q, k, v, g, beta, s0), scale)
+    def run(q, k, v, g, beta, s0, ids):
+        if ids is None:
+            o, s = scan(*_f32(q, k, v, g, beta, s0), scale)
+        else:
+            o, s = packed_scan(*_f32(q, k, v, g, beta, s0), scale, *packing_masks(ids))
         return o.astype(v.dtype), s.astype(jnp.promote_types(F32, v.dtype))
     return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=None)
 def _mixer_jit(static):
-    def run(x, conv_weight, a, b, a_log, dt_bias):
-        return mixer(*_f32(x, conv_weight, a, b, a_log, dt_bias), *static).astype(x.dtype)
+    def run(x, conv_weight, a, b, a_log, dt_bias, ids):
+        if ids is None:
+            o = mixer(*_f32(x, conv_weight, a, b, a_log, dt_bias), *static)
+        else:
+            o = packed_mixer(*_f32(x, conv_weight, a, b, a_log, dt_bias), ids, *static)
+        return o.astype(x.dtype)
     return jax.jit(run)
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
-                     chunk_size=64, impl=None, accept_float64=False):
+                     segment_ids=None, chunk_size=64, impl=None, accept_float64=False):
     validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
-                                         chunk_size, impl or "reference")  # impl: ignored
+                                         chunk_size, impl or "reference",  # impl: ignored
+                                         segment_ids=segment_ids)
     if not accept_float64:
         reject_float64(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if initial_state is None:
         initial_state = jnp.zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]), F32)
-    return _delta_jit(scale)(q, k, v, g, beta, initial_state)
+    return _delta_jit(scale)(q, k, v, g, beta, initial_state, segment_ids)
 
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, num_v_heads,
                          head_k_dim, head_v_dim, use_qk_norm=True, eps=1e-6, scale=None,
-                         chunk_size=64, impl=None, accept_float64=False):
+                         segment_ids=None, chunk_size=64, impl=None, accept_float64=False):
     validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
                               head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size,
-                              impl or "reference")   # any valid impl: always the scan
+                              impl or "reference",   # any valid impl: always the scan
+                              segment_ids=segment_ids)
     if not accept_float64:
         reject_float64(x=x, conv_weight=conv_weight, a=a, b=b, a_log=a_log, dt_bias=dt_bias)
     scale = float(head_k_dim ** -0.5 if scale is None else scale)
     static = (int(num_k_heads), int(num_v_heads), int(head_k_dim), int(head_v_dim),
               bool(use_qk_norm), float(eps), scale)
-    return _mixer_jit(static)(x, conv_weight, a, b, a_log, dt_bias)
+    return _mixer_jit(static)(x, conv_weight, a, b, a_log, dt_bias, segment_ids)
