@@ -48,7 +48,7 @@ def _interpret_key(impl):
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
-                     segment_ids=None, chunk_size=64, impl="pallas"):
+                     chunk_size=64, impl="pallas", segment_ids=None):
     """Chunked gated delta rule (docs/contract.md sections 1 and 6).
 
     q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
@@ -69,8 +69,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                          num_v_heads, head_k_dim, head_v_dim, use_qk_norm=True,
-                         eps=DEFAULT_EPS, scale=None, segment_ids=None, chunk_size=64,
-                         impl="pallas"):
+                         eps=DEFAULT_EPS, scale=None, chunk_size=64, impl="pallas",
+                         segment_ids=None):
     """The GDN token mixer (docs/contract.md sections 2 and 6), one custom VJP.
 
     x [B, T, 2*Hk*Dk + Hv*Dv]; conv_weight [K, C]; a, b [B, T, Hv];

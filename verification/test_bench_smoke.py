@@ -67,3 +67,48 @@ def test_gdn_verify_bench_forwards_to_the_harness(monkeypatch):
     monkeypatch.setattr(bench_main, "main", lambda argv: seen.append(argv) or 0)
     assert cli.main(["bench", "--quick", "--impls", "xla"]) == 0
     assert seen == [["--quick", "--impls", "xla"]]
+
+
+def test_packed_layout_is_realistic():
+    import numpy as np
+
+    from benchmarks import workloads
+
+    for batch, t, chunk in ((2, 4096, 64), (2, 128, 64), (3, 1000, 16), (1, 64, 64)):
+        rows = workloads.packed_layout(batch, t, chunk, seed=0)
+        ids = workloads.packed_segment_ids(batch, t, chunk, seed=0)
+        assert ids.shape == (batch, t) and ids.dtype.name == "int32"
+        for b, runs in enumerate(rows):
+            assert sum(n for _, n in runs) == t and all(n >= 1 for _, n in runs)
+            docs = [n for i, n in runs if i > 0]
+            assert len(docs) >= 2
+            assert runs[-1][0] == 0                      # right padding on every row
+            assert sum(1 for i, _ in runs[:-1] if i == 0) == (1 if b == 0 else 0)
+            edges = np.cumsum([n for _, n in runs])[:-1]
+            assert not [e for e in edges if e % chunk == 0], (batch, t, chunk, runs)
+
+
+def test_packed_overhead_smoke(tmp_path):
+    cmd = [sys.executable, "-m", "benchmarks", "--packed-only", "--quick", "--impls", "xla",
+           "--ops", "delta_rule", "--packed-repeats", "1", "--out", str(tmp_path),
+           "--name", "packed", "--no-plot"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    doc = json.loads((tmp_path / "packed.json").read_text())
+    assert doc["results"] == []
+    packed = doc["packed"]
+    assert packed["impls"] == ["xla"] and packed["layout"]["padding_fraction"] > 0
+    assert [(r["impl"], r["variant"]) for r in packed["results"]] == [
+        ("xla", "unpacked"), ("xla", "packed")]
+    for r in packed["results"]:
+        assert r["status"] == "ok" and r["repeats"] == 1, r
+    assert packed["results"][1]["padding_grads_zero"] is True
+    (row,) = packed["ratios"]
+    assert row["packed/unpacked time"] > 0
+    checks = {(a["op"], a["check"]): a for a in doc["acceptance"]}
+    xla = next(a for (op, name), a in checks.items() if name.startswith("xla packed"))
+    pallas = next(a for (op, name), a in checks.items() if name.startswith("pallas packed"))
+    assert xla["value"] == row["packed/unpacked time"] and xla["target"] == 1.15
+    assert pallas["value"] is None and pallas["pass"] is None
+    assert "## Packed overhead" in (tmp_path / "packed.md").read_text()

@@ -36,7 +36,7 @@ from .targets import Target
 from .tolerance import DTYPES, bounded, compare_self
 
 PALLAS, XLA = Target.parse("gdn_kernels:pallas"), Target.parse("gdn_kernels:xla")
-CASES = explicit.DELTA_CASES + explicit.MIXER_CASES
+CASES = explicit.DELTA_CASES + explicit.MIXER_CASES + explicit.PACKED_CASES
 F32_CASES = tuple(c for c in CASES if c.dtype == "float32")
 SIM_MAX_STEPS = 8   # the simulator runs ~2 ms per grid step
 SIM_CASES = tuple(c for c in CASES if explicit.grid_steps(c) <= SIM_MAX_STEPS)
@@ -128,43 +128,49 @@ def test_two_runs_bitwise_identical(case, target, hlo_mode):
 # lowering for TPU from this CPU machine
 # --------------------------------------------------------------------------
 
-def _lowering_args(op, dtype):
+def _lowering_args(op, dtype, packed):
     s = jax.ShapeDtypeStruct
     b, t, hk, hv, dk, dv = 2, 100, 1, 2, 32, 64
+    ids = (s((b, t), jnp.int32),) if packed else (None,)
     if op == "delta":
         return (s((b, t, hk, dk), dtype), s((b, t, hk, dk), dtype), s((b, t, hv, dv), dtype),
-                s((b, t, hv), dtype), s((b, t, hv), dtype), s((b, hv, dk, dv), jnp.float32))
+                s((b, t, hv), dtype), s((b, t, hv), dtype), s((b, hv, dk, dv), jnp.float32)
+                ) + ids
     ch = 2 * hk * dk + hv * dv
     return (s((b, t, ch), dtype), s((4, ch), jnp.float32), s((b, t, hv), dtype),
-            s((b, t, hv), dtype), s((hv,), jnp.float32), s((b, hv), jnp.float32))
+            s((b, t, hv), dtype), s((hv,), jnp.float32), s((b, hv), jnp.float32)) + ids
 
 
 def _lowering_fn(op, grad):
     if op == "delta":
-        def f(q, k, v, g, beta, s0):
-            return gk.gated_delta_rule(q, k, v, g, beta, initial_state=s0, chunk_size=32)
+        def f(q, k, v, g, beta, s0, ids):
+            return gk.gated_delta_rule(q, k, v, g, beta, initial_state=s0, segment_ids=ids,
+                                       chunk_size=32)
 
         def loss(*args):
             o, s = f(*args)
             return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s * s)
     else:
-        def f(x, w, a, b, a_log, dt_bias):
+        def f(x, w, a, b, a_log, dt_bias, ids):
             return gk.gdn_decoupled_conv1d(x, w, a, b, a_log, dt_bias, num_k_heads=1,
                                            num_v_heads=2, head_k_dim=32, head_v_dim=64,
-                                           chunk_size=32)
+                                           segment_ids=ids, chunk_size=32)
 
         def loss(*args):
             return jnp.sum(f(*args).astype(jnp.float32) ** 2)
     return jax.grad(loss, argnums=tuple(range(6))) if grad else f
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
 @pytest.mark.parametrize("op", ["delta", "mixer"])
-def test_lowers_for_tpu(op, grad, dtype, monkeypatch):
+def test_lowers_for_tpu(op, grad, dtype, packed, monkeypatch):
+    """Packed rows add the doc / start streams to both kernels (the conv's
+    compaction is plain XLA outside them)."""
     monkeypatch.setenv(interpret.ENV_VAR, "off")
     text = (jax.jit(_lowering_fn(op, grad))
-            .trace(*_lowering_args(op, jnp.dtype(dtype)))
+            .trace(*_lowering_args(op, jnp.dtype(dtype), packed))
             .lower(lowering_platforms=("tpu",)).as_text())
     calls = re.findall(r"@tpu_custom_call\(", text)
     names = re.findall(r'kernel_name = "(gdn_chunk_\w+)"', text)
