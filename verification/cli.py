@@ -6,7 +6,7 @@
   gdn-verify replay FILE [--target MODULE[:IMPL]]
       rebuild a counterexample's inputs, rerun its property, print the error
       table; exit 1 if it still fails
-  gdn-verify mutants [--only NAME ...] [--report-dir DIR]
+  gdn-verify mutants [--only NAME ...] [--report-dir DIR] [--jobs N]
       the seeded-bug kill report (see verification/mutants)
   gdn-verify bench [BENCH OPTIONS]
       the benchmark harness, same as `python -m benchmarks` (see --help there)
@@ -90,6 +90,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     mut.add_argument("--only", nargs="*", default=None)
     mut.add_argument("--report-dir", default=".")
     mut.add_argument("--examples", type=int, default=None)
+    mut.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                     help="mutant runs at once, each a fresh pytest process "
+                          "(default: the available cores)")
     sub.add_parser("bench", add_help=False,
                    help="benchmark harness (python -m benchmarks; gdn-verify bench --help)")
     args = parser.parse_args(argv)
@@ -97,7 +100,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return replay(args.file, args.target)
     if args.command == "mutants":
         from .mutants.runner import main as mutants_main
-        return mutants_main(args.only, args.report_dir, args.examples)
+        return mutants_main(args.only, args.report_dir, args.examples, args.jobs)
     return run_suite(args.target, args.profile, extra)
 
 

@@ -190,7 +190,10 @@ _ALL += [
            ("delta_rule_gradient_parity", "mixer_gradient_parity"), impls=("pallas",)),
 ]
 
-# Packed sequences and padding (docs/contract.md section 6).
+# Packed sequences and padding (docs/contract.md section 6). Bugs in the
+# plain-JAX code both impls share outside the kernels (segments.py, the
+# custom_vjp wrappers) run on xla only: the pallas run would execute the same
+# broken lines; bugs in the chunk math and the kernel layout run on both.
 _ALL += [
     Mutant("segment_state_not_reset",
            "documents never split: the recurrent state and conv window run on "
@@ -198,7 +201,7 @@ _ALL += [
            "segments.py",
            "    doc = jnp.cumsum(start.astype(jnp.int32), axis=1)",
            "    doc = jnp.zeros_like(ids)",
-           ("packed_equals_separate", "packed_gradient_parity")),
+           ("packed_equals_separate", "packed_gradient_parity"), impls=("xla",)),
     Mutant("reset_only_at_chunk_edges",
            "the state is reset between chunks but not at a document start inside a chunk",
            "chunk_math.py",
@@ -222,7 +225,7 @@ _ALL += [
            "delta_rule.py",
            "    grads = zero_padding_all(seg, *grads)\n",
            "    grads = tuple(grads)\n",
-           ("packed_gradient_parity", "packed_equals_separate")),
+           ("packed_gradient_parity", "packed_equals_separate"), impls=("xla",)),
     Mutant("doc_tail_padded_with_zeros",
            "the tail chunk's document numbers padded with 0: the last document's "
            "writes are cut from the final state when T is not a multiple of C",

@@ -294,7 +294,7 @@ def _permuted(named, order) -> Dict[str, np.ndarray]:
 
 
 @prop("padding_transparency", family="packing",
-      strategy=mixer_cases(packed=True, where=_no_batch_shared_time_params), weight=0.5,
+      strategy=mixer_cases(packed=True, where=_no_batch_shared_time_params), weight=0.25,
       wrong_target="gdn_mutant_conv_ignores_padding:xla", covers=MIXER_PACKED_COVERS)
 def padding_transparency(target, case: MixerCase):
     """Moving every padding token to the end of its row (documents and their
@@ -330,7 +330,8 @@ def padding_transparency(target, case: MixerCase):
 # --------------------------------------------------------------------------
 
 @prop("packed_gradient_parity", family="packing",
-      strategy=delta_rule_cases(packed=True), wrong_target="gdn_mutant_doc_tail_padded_with_zeros:xla",
+      strategy=delta_rule_cases(packed=True), weight=0.5,
+      wrong_target="gdn_mutant_doc_tail_padded_with_zeros:xla",
       covers=PACKED_COVERS)
 def packed_gradient_parity(target, case: DeltaRuleCase):
     """Packed gated_delta_rule: outputs, final state and every gradient vs
@@ -340,7 +341,8 @@ def packed_gradient_parity(target, case: DeltaRuleCase):
 
 
 @prop("mixer_packed_gradient_parity", family="packing",
-      strategy=mixer_cases(packed=True), wrong_target="gdn_mutant_conv_ignores_padding:xla",
+      strategy=mixer_cases(packed=True), weight=0.5,
+      wrong_target="gdn_mutant_conv_ignores_padding:xla",
       covers=MIXER_PACKED_COVERS)
 def mixer_packed_gradient_parity(target, case: MixerCase):
     """Packed gdn_decoupled_conv1d: output and every gradient (a_log,
