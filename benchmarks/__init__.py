@@ -7,7 +7,9 @@ Modules:
   workloads    sizes (from the head layouts of strategies/shapes.py), seeded
                inputs, the benchmarked functions per (op, impl, mode)
   timing       compile (cached once per shape), budgets, interleaved timing
+  packed       packed-sequence overhead: segment_ids against None, interleaved
   throughput   pytest throughput under the dev / ci profiles (subprocess)
   report       ratios, log-log growth fits, acceptance, JSON / Markdown / PNG
   profile_vjp  where the time of the xla path goes (stages, cost analysis)
+  profile_packed  where the extra time of packed sequences goes
 """

@@ -5,6 +5,8 @@ gdn_decoupled_conv1d for impl in {reference, xla, xla-autodiff, pallas} over
 a size ladder: median / min / max of the timed runs after warm-up, compile
 time and compiled temp memory per shape, the ratios between impls (measured
 side by side in one run), growth exponents in T, and the acceptance checks.
+--packed adds the packed-sequence overhead: fwd+bwd of both ops (xla,
+pallas) with packed segment_ids against segment_ids=None, interleaved.
 --suite adds the verification suite's throughput under the dev and ci
 profiles. Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME.png (matplotlib,
 the optional `bench` extra).
@@ -13,6 +15,7 @@ examples:
   python -m benchmarks                       # default ladder, all impls (~15 min on 2 busy CPU cores)
   python -m benchmarks --quick --repeats 1   # tiny ladder, a smoke run
   python -m benchmarks --sizes bench-d128,2,4096 --impls xla reference --modes fwd+bwd
+  python -m benchmarks --packed-only         # packed overhead only (segment_ids against None)
   python -m benchmarks --suite --suite-only  # suite throughput only
 """
 
@@ -27,7 +30,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import report, throughput, timing, workloads
+from . import packed, report, throughput, timing, workloads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +70,19 @@ def _parser() -> argparse.ArgumentParser:
                      help="write a jax.profiler trace of one extra run per entry at "
                           "--trace-size (default: the acceptance size, else the largest)")
     lad.add_argument("--trace-size", metavar="LAYOUT,B,T", default=None)
+    pk = p.add_argument_group("packed overhead (segment_ids against None; xla and pallas, "
+                              "fwd+bwd)")
+    pk.add_argument("--packed", action="store_true",
+                    help="also time both ops with packed segment_ids against "
+                         "segment_ids=None, interleaved, at --packed-size (a few minutes)")
+    pk.add_argument("--packed-only", action="store_true", help="--packed and --no-ladder")
+    pk.add_argument("--packed-size", metavar="LAYOUT,B,T", default=None,
+                    help="default: the acceptance size "
+                         f"{workloads.ACCEPTANCE_SIZE.label} (with --quick: "
+                         f"{workloads.PACKED_QUICK_SIZE.label})")
+    pk.add_argument("--packed-repeats", type=int, default=packed.DEFAULT_REPEATS,
+                    help="timed runs per variant; default "
+                         f"{packed.DEFAULT_REPEATS}")
     st = p.add_argument_group("suite throughput (minutes)")
     st.add_argument("--suite", action="store_true",
                     help="also run the suite subset under each --suite-profiles profile")
@@ -132,8 +148,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.suite_only:
         args.suite, args.no_ladder = True, True
-    if args.repeats < 1 or args.warmup < 0 or args.settle < 0:
-        _parser().error("--repeats must be >= 1, --warmup and --settle >= 0")
+    if args.packed_only:
+        args.packed, args.no_ladder = True, True
+    if args.repeats < 1 or args.warmup < 0 or args.settle < 0 or args.packed_repeats < 1:
+        _parser().error("--repeats and --packed-repeats must be >= 1, --warmup and "
+                        "--settle >= 0")
     try:
         if args.sizes:
             sizes = tuple(workloads.parse_size(s) for s in args.sizes)
@@ -141,6 +160,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             sizes = workloads.QUICK_LADDER if args.quick else workloads.DEFAULT_LADDER
         trace_size = workloads.parse_size(args.trace_size) if args.trace_size else (
             workloads.ACCEPTANCE_SIZE if workloads.ACCEPTANCE_SIZE in sizes else sizes[-1])
+        packed_size = workloads.parse_size(args.packed_size) if args.packed_size else (
+            workloads.PACKED_QUICK_SIZE if args.quick else workloads.ACCEPTANCE_SIZE)
     except ValueError as err:
         _parser().error(str(err))
     log = timing.stderr_log
@@ -161,6 +182,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         mem_budget_bytes=int(args.mem_budget_gb * timing.GiB),
         trace_dir=args.trace, trace_size=trace_size)
     records = [] if args.no_ladder else timing.run_ladder(cfg, log)
+    packed_doc = None
+    if args.packed:
+        packed_doc = packed.run(packed.config_for(cfg, args.packed_repeats), packed_size, log)
     fits = report.growth_fits(records)
     doc = {
         "meta": meta,
@@ -175,7 +199,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         "results": records,
         "ratios": report.ratios(records),
         "fits": fits,
-        "acceptance": report.acceptance(records, fits),
+        "acceptance": (report.acceptance(records, fits)
+                       + report.packed_acceptance(packed_doc, sorted(
+                           {r["op"] for r in records}, key=list(workloads.OPS).index))),
+        "packed": packed_doc,
         "suite": None,
     }
     if args.suite_json:

@@ -23,7 +23,10 @@ TARGETS = {
     "pallas/xla time": 1.5,
     "xla time exponent in T": 1.15,
     "xla temp memory exponent in T": 1.15,
+    "packed/unpacked time": 1.15,   # per impl (xla, pallas), benchmarks/packed.py
 }
+
+PACKED_IMPLS = ("xla", "pallas")
 
 
 def _index(records) -> Dict[tuple, dict]:
@@ -127,6 +130,29 @@ def acceptance(records: List[dict], fits: List[dict],
     return out
 
 
+def packed_acceptance(packed: Optional[dict], ops) -> List[dict]:
+    """packed/unpacked fwd+bwd time per (op, impl in xla, pallas) from the
+    packed-overhead section (benchmarks/packed.py); "not measured" rows for
+    `ops` when it did not run."""
+    out = []
+    rows = {(r["op"], r["impl"]): r for r in (packed or {}).get("ratios", [])}
+    label = (packed or {}).get("size_label", ACCEPTANCE_SIZE.label)
+    ops = list(dict.fromkeys(list(ops) + [op for op, _ in rows]))
+    for op in sorted(ops, key=["delta_rule", "mixer"].index):
+        for impl in PACKED_IMPLS:
+            r = rows.get((op, impl), {})
+            check = f"{impl} packed/unpacked time"
+            if label != ACCEPTANCE_SIZE.label:
+                check += f" at {label}"
+            row = {"op": op, "size_label": label, "mode": "fwd+bwd", "check": check}
+            row.update(_verdict(r.get("packed/unpacked time"),
+                                TARGETS["packed/unpacked time"]))
+            if r.get("packed/unpacked time (median per round)") is not None:
+                row["per_round_median"] = r["packed/unpacked time (median per round)"]
+            out.append(row)
+    return out
+
+
 # --------------------------------------------------------------------------
 # files
 # --------------------------------------------------------------------------
@@ -207,6 +233,44 @@ def markdown(doc: dict) -> str:
                 f"{tt[0] if tt else ''}..{tt[-1] if tt else ''} | {_r(f['time exponent'])} | "
                 f"{_r(f['time last_step'])} | {mt[0] if mt else ''}..{mt[-1] if mt else ''} | "
                 f"{_r(f['temp memory exponent'])} | {_r(f['temp memory last_step'])} |")
+    packed = doc.get("packed")
+    if packed:
+        lay = packed["layout"]
+        lines += ["", f"## Packed overhead ({packed['size_label']}, {packed['mode']}, "
+                      f"{packed['dtype']}, chunk {packed['chunk']})", "",
+                  f"segment_ids: {lay['documents_per_row']} documents per row, padding "
+                  f"{100 * lay['padding_fraction']:.1f} % of the tokens; runs (document "
+                  f"lengths, [pad n] = padding): {lay['text']}.", "",
+                  f"Median of {packed['repeats']} timed runs after {packed['warmup']} "
+                  f"warm-up run(s); the unpacked (segment_ids=None) and packed entries of "
+                  f"an op are interleaved round by round, each timed run right after "
+                  f"{packed['settle']} untimed run(s) of the same entry.", "",
+                  "| op | impl | variant | median ms | min ms | max ms | compile s "
+                  "| temp MiB | rel err vs xla | padding grads 0 | note |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+        for r in packed["results"]:
+            note = "" if r["status"] == "ok" else f"{r['status']}: {r['reason']}"
+            err = r.get("rel_err_vs_xla")
+            zero = {True: "yes", False: "NO", None: ""}[r.get("padding_grads_zero")]
+            lines.append(
+                f"| {r['op']} | {r['impl']} | {r['variant']} | {_ms(r.get('median_s'))} | "
+                f"{_ms(r.get('min_s'))} | {_ms(r.get('max_s'))} | "
+                f"{_r(r.get('compile_total_s'), 1)} | {_mib(r.get('temp_bytes'))} | "
+                f"{'' if err is None else f'{err:.1e}'} | {zero} | {note} |")
+        lines += ["", "Ratios packed / unpacked (time: of the medians, the checked figure; "
+                      "per round: median of the ratios of the two variants' runs in the "
+                      "same round; min: of the fastest runs):", "",
+                  "| op | impl | time | time per round | min time | temp memory | flops "
+                  "| compile time |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for row in packed["ratios"]:
+            lines.append(
+                f"| {row['op']} | {row['impl']} | {_r(row.get('packed/unpacked time'), 3)} | "
+                f"{_r(row.get('packed/unpacked time (median per round)'), 3)} | "
+                f"{_r(row.get('packed/unpacked min time'), 3)} | "
+                f"{_r(row.get('packed/unpacked temp_bytes'), 3)} | "
+                f"{_r(row.get('packed/unpacked flops'), 3)} | "
+                f"{_r(row.get('packed/unpacked compile_total_s'), 2)} |")
     if doc.get("acceptance"):
         lines += ["", f"## Acceptance ({ACCEPTANCE_SIZE.label}, fwd+bwd, {cfg['dtype']})", "",
                   "| op | check | value | target | verdict |", "|---|---|---:|---:|---|"]

@@ -108,12 +108,15 @@ def _memory(compiled) -> dict:
     return {k: int(getattr(m, v)) for k, v in fields.items() if hasattr(m, v)}
 
 
-def compile_entry(op, impl, mode, size: Size, dtype, chunk, args) -> Tuple[object, dict]:
-    """The compiled executable of one entry (cached) and its compile figures."""
-    key = (op, impl, mode, size, str(dtype), chunk, interpret_mode(impl))
+def compile_entry(op, impl, mode, size: Size, dtype, chunk, args,
+                  packed: Optional[bool] = None) -> Tuple[object, dict]:
+    """The compiled executable of one entry (cached) and its compile figures.
+    packed: None (the ladder), False / True (the packed-overhead variants,
+    workloads.build_fn)."""
+    key = (op, impl, mode, size, str(dtype), chunk, interpret_mode(impl), packed)
     if key in _COMPILED:
         return _COMPILED[key]
-    fn = workloads.build_fn(op, impl, mode, size, chunk)
+    fn = workloads.build_fn(op, impl, mode, size, chunk, packed)
     t0 = time.perf_counter()
     lowered = jax.jit(fn).lower(*args)
     t1 = time.perf_counter()
@@ -249,7 +252,8 @@ def _prepare_entry(cfg, rec, size, args, dtype, last_ok):
     if reason:
         _skip(rec, reason)
         return None
-    compiled, info = compile_entry(op, impl, mode, size, dtype, cfg.chunk, args)
+    compiled, info = compile_entry(op, impl, mode, size, dtype, cfg.chunk, args,
+                                   rec.get("packed"))
     rec.update(info)
     foot = _footprint(rec)
     if foot > cfg.mem_budget_bytes:

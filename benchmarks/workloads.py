@@ -16,13 +16,19 @@ modes   fwd           the forward outputs
 
 Every function takes the primal inputs followed by the cotangents (passed as
 arguments, not closed over, so no large constants land in the HLO).
+
+Packed overhead (benchmarks/packed.py): build_fn(..., packed=False|True)
+gives functions that take one more argument, segment_ids [B, T] int32, after
+the cotangents; packed=True passes it to the op, packed=False ignores it and
+passes segment_ids=None, so both variants have the same argument list.
+packed_segment_ids builds a realistic packing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -91,6 +97,7 @@ DEFAULT_LADDER = (
     + tuple(Size.of("bench-d128", 2, t) for t in (512, 1024, 2048, 4096, 8192)))
 QUICK_LADDER = tuple(Size.of("bench-quick", 1, t) for t in (64, 128))
 ACCEPTANCE_SIZE = Size.of("bench-d128", 2, 4096)
+PACKED_QUICK_SIZE = Size.of("bench-quick", 2, 128)   # --quick --packed: two rows
 
 
 def parse_size(text: str) -> Size:
@@ -166,11 +173,101 @@ def device_inputs(op: str, size: Size, dtype, seed: int) -> List[jax.Array]:
 
 
 # --------------------------------------------------------------------------
+# packed documents (segment_ids)
+# --------------------------------------------------------------------------
+
+def _doc_lengths(rng, total: int, n: int, start: int, chunk: int) -> List[int]:
+    """n lengths >= 1 summing to `total`, uneven, with no document boundary
+    (absolute position start + cumulative length) on a multiple of `chunk`."""
+    n = max(1, min(n, total))
+    w = rng.dirichlet(np.full(n, 0.8))
+    lengths = np.maximum(1, np.floor(w * total).astype(int))
+    lengths[-1] += total - int(lengths.sum())
+    while lengths[-1] < 1:                          # floors overshot: take from the longest
+        i = int(np.argmax(lengths[:-1]))
+        lengths[i] -= 1
+        lengths[-1] += 1
+    lengths = [int(x) for x in lengths]
+    pos = start
+    for i in range(n - 1):                          # move a boundary off a chunk edge
+        pos += lengths[i]
+        if chunk > 1 and pos % chunk == 0 and lengths[i + 1] > 1:
+            lengths[i] += 1
+            lengths[i + 1] -= 1
+            pos += 1
+    return lengths
+
+
+def packed_layout(batch: int, t: int, chunk: int, seed: int) -> List[List[Tuple[int, int]]]:
+    """Per row, the runs (id, length) of a realistic packing, deterministic in
+    (batch, t, chunk, seed): several documents of uneven lengths (ids 1, 2, ...),
+    boundaries off chunk edges, right padding (id 0) of 2-6 % of T on every
+    row, and on row 0 one interior padding run (~1 % of T) between two
+    documents. About T/700 documents per row (at least 2)."""
+    rng = np.random.default_rng(seed + 7919)
+    rows = []
+    n_docs = max(2, round(t / 700))
+    for b in range(batch):
+        right = max(1, round(t * rng.uniform(0.02, 0.06)))
+        interior = max(1, round(t * 0.01)) if b == 0 and t >= 16 else 0
+        body = t - right - interior
+        n = n_docs + (b % 2)                        # rows differ in count, too
+        if interior:
+            n1 = max(1, n // 2)
+            first = int(round(body * rng.uniform(0.35, 0.6)))
+            first = min(max(first, n1), body - (n - n1))
+            parts = [(_doc_lengths(rng, first, n1, 0, chunk), 0),
+                     (_doc_lengths(rng, body - first, n - n1, first + interior, chunk),
+                      interior)]
+        else:
+            parts = [(_doc_lengths(rng, body, n, 0, chunk), 0)]
+        runs, doc_id = [], 0
+        for lengths, pad_before in parts:
+            if pad_before:
+                runs.append((0, pad_before))
+            for length in lengths:
+                doc_id += 1
+                runs.append((doc_id, length))
+        runs.append((0, right))
+        assert sum(n for _, n in runs) == t
+        rows.append(runs)
+    return rows
+
+
+def packed_segment_ids(batch: int, t: int, chunk: int, seed: int) -> np.ndarray:
+    """segment_ids [B, T] int32 of packed_layout."""
+    ids = np.zeros((batch, t), np.int32)
+    for b, runs in enumerate(packed_layout(batch, t, chunk, seed)):
+        ids[b] = np.concatenate([np.full(n, i, np.int32) for i, n in runs])
+    return ids
+
+
+# --------------------------------------------------------------------------
 # the functions
 # --------------------------------------------------------------------------
 
-def _forward_fn(op: str, impl: str, size: Size, chunk: int) -> Callable:
+def _forward_fn(op: str, impl: str, size: Size, chunk: int,
+                packed: Optional[bool] = None) -> Callable:
+    """The forward of one (op, impl); packed None: f(*primals), else
+    f(*primals, segment_ids) with segment_ids used only when packed."""
     s = size
+    if packed is not None:
+        if impl not in ("reference", "xla", "pallas"):
+            raise ValueError(f"impl {impl!r} takes no segment_ids (public API impls only)")
+        if op == "delta_rule":
+            def fwd_ids(q, k, v, g, beta, ids):
+                return gdn_kernels.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk,
+                                                    impl=impl,
+                                                    segment_ids=ids if packed else None)
+        elif op == "mixer":
+            def fwd_ids(x, w, a, b, a_log, dt_bias, ids):
+                return gdn_kernels.gdn_decoupled_conv1d(
+                    x, w, a, b, a_log, dt_bias, chunk_size=chunk, impl=impl,
+                    num_k_heads=s.Hk, num_v_heads=s.Hv, head_k_dim=s.Dk, head_v_dim=s.Dv,
+                    segment_ids=ids if packed else None)
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        return fwd_ids
     if op == "delta_rule":
         if impl in ("reference", "xla", "pallas"):
             def fwd(q, k, v, g, beta):
@@ -216,22 +313,48 @@ def n_primals(op: str) -> int:
     return {"delta_rule": 5, "mixer": 6}[op]
 
 
-def build_fn(op: str, impl: str, mode: str, size: Size, chunk: int) -> Callable:
+def build_fn(op: str, impl: str, mode: str, size: Size, chunk: int,
+             packed: Optional[bool] = None) -> Callable:
     """f(*primals, *cotangents): forward outputs (mode "fwd", cotangents
-    ignored) or the gradients of sum(outputs * cotangents) w.r.t. every primal."""
-    fwd = _forward_fn(op, impl, size, chunk)
+    ignored) or the gradients of sum(outputs * cotangents) w.r.t. every primal.
+    packed True / False: f(*primals, *cotangents, segment_ids), the ids passed
+    to the op / ignored (segment_ids=None); not differentiated."""
     n = n_primals(op)
+    if packed is None:
+        fwd = _forward_fn(op, impl, size, chunk)
+        n_cots = None
+    else:
+        fwd = _forward_fn(op, impl, size, chunk, packed)
+        n_cots = len(make_cotangent_shapes(op, size))
+
+    def split(args):
+        """(primals, cotangents, trailing args of the forward)."""
+        if n_cots is None:
+            return args[:n], args[n:], ()
+        return args[:n], args[n:n + n_cots], args[n + n_cots:]
 
     if mode == "fwd":
         def f(*args):
-            return fwd(*args[:n])
+            primals, _, extra = split(args)
+            return fwd(*primals, *extra)
         return f
     if mode != "fwd+bwd":
         raise ValueError(f"unknown mode {mode!r}")
 
     def loss(*args):
-        outs = fwd(*args[:n])
+        primals, cots, extra = split(args)
+        outs = fwd(*primals, *extra)
         outs = outs if isinstance(outs, tuple) else (outs,)
-        return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(outs, args[n:]))
+        return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(outs, cots))
 
     return jax.grad(loss, argnums=tuple(range(n)))
+
+
+def make_cotangent_shapes(op: str, size: Size) -> List[Tuple[int, ...]]:
+    """Shapes of the cotangents of make_inputs (one per output)."""
+    s = size
+    if op == "delta_rule":
+        return [(s.B, s.T, s.Hv, s.Dv), (s.B, s.Hv, s.Dk, s.Dv)]
+    if op == "mixer":
+        return [(s.B, s.T, s.Hv, s.Dv)]
+    raise ValueError(f"unknown op {op!r}")

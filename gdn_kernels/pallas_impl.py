@@ -11,8 +11,11 @@ layout.pad_time):
   q, k        [B, Hk, Tp, Dk]   value head h reads key head h // G (index
                                 arithmetic in the kernel, no repeat of q / k)
   v, do       [B, Hv, Tp, Dv]
-  g, beta     [B, Hv, Tp, 1]    a chunk is a [C, 1] column
-  doc, start  [B, Hv, Tp, 1]    packed documents only (chunk_math.ChunkSegments)
+  scalars     [B, Hv, Tp, S]    the per-token scalars side by side: g, beta
+                                (S = 2), then doc, start of packed documents
+                                (S = 4, chunk_math.ChunkSegments); a chunk's
+                                block is [C, S], its columns the [C, 1] inputs
+                                of chunk_math (one DMA per chunk for all)
   state       [B, Hv, Dk, Dv]
 Every per-chunk window, input or output, is (C, D), (C, 1), (C, C) or
 (Dk, Dv) with the leading axes squeezed: the last two dims are full array
@@ -67,11 +70,6 @@ class Residuals(NamedTuple):
 def _to_heads_major(x, chunk, dtype):
     """[B, T, H, D] -> [B, H, Tp, D] in dtype, time padded to a chunk multiple."""
     return jnp.swapaxes(layout.pad_time(x.astype(dtype), chunk), 1, 2)
-
-
-def _scalars_to_heads_major(x, chunk, dtype):
-    """[B, T, H] -> [B, H, Tp, 1]."""
-    return _to_heads_major(x[..., None], chunk, dtype)
 
 
 def _from_heads_major(x, t):
@@ -183,34 +181,42 @@ def _grid_position():
 
 
 def _token_streams(b, h, group, chunk, hbm, buf):
-    """The token streams both kernels read, in the order q, k, v, g, beta
-    (then doc, start when packed): q and k from value head h's key head
-    h // G, the rest from head h. hbm, buf: the HBM refs and the two-slot
-    VMEM buffers, in that order."""
+    """The token streams both kernels read, in the order q, k, v, scalars:
+    q and k from value head h's key head h // G, v and the scalars from
+    head h. hbm, buf: the HBM refs and the two-slot VMEM buffers, in that
+    order."""
     hk = lax.div(h, jnp.int32(group))  # h >= 0: truncating division, no sign op
                                        # (its TPU lowering needs the device kind)
-    heads = (hk, hk) + (h,) * (len(hbm) - 2)
+    heads = (hk, hk, h, h)
     return tuple(_Stream(x_hbm, x_buf, _token_rows(b, head, chunk))
                  for x_hbm, x_buf, head in zip(hbm, buf, heads))
 
 
+N_TOKEN_STREAMS = 4
+
+
 def _token_scratch(chunk, dk, dv, acc, packed):
     """The two-slot VMEM buffers of the token streams."""
-    widths = (dk, dk, dv, 1, 1) + ((1, 1) if packed else ())
-    return [pltpu.VMEM((2, chunk, d), acc) for d in widths]
+    return [pltpu.VMEM((2, chunk, d), acc) for d in (dk, dk, dv, 4 if packed else 2)]
 
 
 def _token_inputs(q, k, v, g, beta, chunk, acc, seg):
-    """q, k, v, g, beta (and doc, start of packed documents, seg not None)
-    in the kernel layout (heads major, time padded)."""
-    tokens = (_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
-              _to_heads_major(v, chunk, acc), _scalars_to_heads_major(g, chunk, acc),
-              _scalars_to_heads_major(beta, chunk, acc))
-    if seg is None:
-        return tokens
-    doc, start = layout.segment_scalars(seg, v.shape[2], chunk, acc)
-    return tokens + (jnp.swapaxes(doc, 1, 2)[..., None],
-                     jnp.swapaxes(start, 1, 2)[..., None])
+    """q, k, v and the scalars (g, beta, and doc, start of packed documents
+    when seg is not None) in the kernel layout (heads major, time padded)."""
+    columns = [g, beta]
+    if seg is not None:
+        columns += list(layout.segment_scalars(seg, v.shape[2], chunk, acc))
+    scalars = jnp.stack([layout.pad_time(c.astype(acc), chunk) for c in columns], axis=-1)
+    return (_to_heads_major(q, chunk, acc), _to_heads_major(k, chunk, acc),
+            _to_heads_major(v, chunk, acc), jnp.swapaxes(scalars, 1, 2))
+
+
+def _scalar_columns(scalars):
+    """g, beta [C, 1] and chunk_math.ChunkSegments (None when not packed)
+    from a streamed [C, S] block of scalars."""
+    g, beta = scalars[:, 0:1], scalars[:, 1:2]
+    seg = cm.ChunkSegments(scalars[:, 2:3], scalars[:, 3:4]) if scalars.shape[1] == 4 else None
+    return g, beta, seg
 
 
 def _split_refs(refs, sizes):
@@ -220,12 +226,6 @@ def _split_refs(refs, sizes):
         groups.append(refs[at:at + size])
         at += size
     return groups
-
-
-def _chunk_segments(columns):
-    """chunk_math.ChunkSegments from the streamed (doc, start) columns, or
-    None when not packed."""
-    return cm.ChunkSegments(*columns) if columns else None
 
 
 class _Dims(NamedTuple):
@@ -260,11 +260,12 @@ def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, n_inputs
 # forward
 # --------------------------------------------------------------------------
 
-def _forward_kernel(*refs, scale, chunk, group, n_tokens):
-    """refs: n_tokens token inputs, s0; o, tinv, states, s_final; n_tokens
-    token buffers, S scratch, DMA semaphores."""
+def _forward_kernel(*refs, scale, chunk, group):
+    """refs: the token inputs, s0; o, tinv, states, s_final; the token
+    buffers, S scratch, DMA semaphores."""
+    n = N_TOKEN_STREAMS
     token_hbm, (s0_hbm, o_ref, tinv_ref, states_ref, s_final_ref), token_buf, \
-        (s_scr, sems) = _split_refs(refs, (n_tokens, 5, n_tokens, 2))
+        (s_scr, sems) = _split_refs(refs, (n, 5, n, 2))
     b, h, n, n_chunks = _grid_position()
 
     @pl.when(n == 0)
@@ -273,10 +274,11 @@ def _forward_kernel(*refs, scale, chunk, group, n_tokens):
 
     streams = _token_streams(b, h, group, chunk, token_hbm, token_buf)
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c)
-    q, k, v, g, beta, *seg = (s.buf[slot] for s in streams)
+    q, k, v, scalars = (s.buf[slot] for s in streams)
+    g, beta, seg = _scalar_columns(scalars)
 
     s0 = s_scr[...]
-    intra = cm.chunk_intra(k, v, g, beta, _chunk_segments(seg))
+    intra = cm.chunk_intra(k, v, g, beta, seg)
     new_values, s1 = cm.chunk_state_step(s0, k, intra)
     o_ref[...] = cm.chunk_output(q, k, s0, new_values, intra.dec, scale)
     tinv_ref[...] = intra.tinv
@@ -297,8 +299,7 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
     d = _dims(q, v, chunk)
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
     o, tinv, states, s_final = _call(
-        functools.partial(_forward_kernel, scale=scale, chunk=chunk, group=d.group,
-                          n_tokens=len(tokens)),
+        functools.partial(_forward_kernel, scale=scale, chunk=chunk, group=d.group),
         "gdn_chunk_forward", d,
         out_shape=(
             jax.ShapeDtypeStruct((d.bsz, d.hv, d.tp, d.dv), acc),
@@ -324,10 +325,11 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
 # backward
 # --------------------------------------------------------------------------
 
-def _backward_kernel(*refs, scale, chunk, group, n_tokens):
-    """refs: n_tokens token inputs, states, tinv, do, ds_final; dq, dk, dv,
-    dg, dbeta, ds0; n_tokens token buffers, states/tinv/do buffers, dS
-    scratch, DMA semaphores."""
+def _backward_kernel(*refs, scale, chunk, group):
+    """refs: the token inputs, states, tinv, do, ds_final; dq, dk, dv, dg,
+    dbeta, ds0; the token buffers, states/tinv/do buffers, dS scratch, DMA
+    semaphores."""
+    n_tokens = N_TOKEN_STREAMS
     token_hbm, (states_hbm, tinv_hbm, do_hbm, ds_final_hbm), \
         (dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, ds0_ref), token_buf, \
         (states_buf, tinv_buf, do_buf, ds_scr, sems) = _split_refs(
@@ -344,10 +346,11 @@ def _backward_kernel(*refs, scale, chunk, group, n_tokens):
         _Stream(do_hbm, do_buf, _token_rows(b, h, chunk)),
     )
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c)
-    q, k, v, g, beta, *seg, s0, tinv, do = (s.buf[slot] for s in streams)
+    q, k, v, scalars, s0, tinv, do = (s.buf[slot] for s in streams)
+    g, beta, seg = _scalar_columns(scalars)
 
     ds1 = ds_scr[...]
-    bwd = cm.chunk_backward_intra(q, k, v, g, beta, tinv, do, scale, _chunk_segments(seg))
+    bwd = cm.chunk_backward_intra(q, k, v, g, beta, tinv, do, scale, seg)
     d_new, ds0 = cm.chunk_state_cotangent_step(ds1, k, bwd.intra, bwd.terms)
     grads = cm.chunk_backward(q, k, v, beta, s0, do, ds1, d_new, bwd, scale)
     dq_ref[...] = grads.dq
@@ -373,8 +376,7 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=N
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
     token_grad = lambda width: jax.ShapeDtypeStruct((d.bsz, d.hv, d.tp, width), acc)
     dq, dk_, dv_, dg, dbeta, ds0 = _call(
-        functools.partial(_backward_kernel, scale=scale, chunk=chunk, group=group,
-                          n_tokens=len(tokens)),
+        functools.partial(_backward_kernel, scale=scale, chunk=chunk, group=group),
         "gdn_chunk_backward", d,
         out_shape=(token_grad(d.dk), token_grad(d.dk), token_grad(d.dv),
                    token_grad(1), token_grad(1),

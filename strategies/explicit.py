@@ -94,6 +94,10 @@ PACKED_CASES: Tuple = (
     mixer_case("gva4-dk>dv", 2, 20, 16, seed=35, param_rank=2, segments=PACKED_EMPTY_ROW),
     mixer_case("2keys-dk<dv", 2, 37, 16, seed=36, param_rank=1, dtype="bfloat16",
                segments=PACKED_T37),
+    # small enough for the TPU simulator (<= 8 grid steps)
+    delta_case("mha-dk<dv", 2, 20, 16, seed=37, segments=PACKED_EMPTY_ROW),
+    mixer_case("mha-dk<dv", 2, 20, 16, seed=38, param_rank=3, segments=PACKED_EMPTY_ROW,
+               gate_regime="strong_decay"),
 )
 
 
