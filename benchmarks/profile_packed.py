@@ -17,15 +17,27 @@ profile_vjp):
      (mixer._conv_forward, _conv_backward), zero_padding of one [B, T, Hv, Dv]
      array, and the whole prologue unpacked / packed;
   3. the chunked backends alone (backend forward, backward; no custom VJP
-     glue, no zero_padding) with and without Segments.
+     glue, no zero_padding) with and without Segments;
+  4. (--sections 4, --trace-op, --trace-impl) the CPU time of every thunk
+     (fusion, dot, loop) of the compiled fwd+bwd, from jax.profiler traces
+     taken alternately of the unpacked and the packed program, grouped by
+     kind, opcodes inside, output shape and op_name (fusion names differ
+     between the programs); the groups whose time differs most, and the
+     packed program's largest fusions of [B, T, C]-sized outputs with what
+     they contain. Thunk times of a loop include its body's, so totals
+     over-count; compare groups, not totals.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -143,13 +155,114 @@ def _backends(size, impls, chunk, repeats, ids_real):
                   f"(min {p[1] / u[1]:.3f}), extra {1e3 * (p[0] - u[0]):.1f} ms")
 
 
+_KEY_OPS = ("gather", "select", "sort", "dot", "reduce", "concatenate", "slice", "pad",
+            "transpose", "exponential", "while", "dynamic-slice", "dynamic-update-slice",
+            "compare", "multiply", "add")
+
+
+def _hlo_instructions(compiled) -> dict:
+    """instruction name -> (kind, output shape, opcodes of its fused computation
+    with counts, op_name) from the compiled HLO text."""
+    text = compiled.as_text()
+    blocks = {}
+    for block in text.split("\n\n"):
+        m = re.match(r"%?([\w.\-]+)", block.strip())
+        if m:
+            blocks[m.group(1)] = block
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%(\S+) = (.+?) ([\w-]+)\(", line)
+        if not m:
+            continue
+        name, shape, kind = m.groups()
+        called = re.search(r"calls=%([\w.\-]+)", line)
+        body = blocks.get(called.group(1), "") if called else ""
+        ops = collections.Counter(o for o in re.findall(r" ([\w-]+)\(", body) if o in _KEY_OPS)
+        op_name = re.search(r'op_name="([^"]*)"', line)
+        out[name] = (kind, shape.split("{")[0], ops,
+                     re.sub(r"jit\(\w+\)/", "", op_name.group(1) if op_name else ""))
+    return out
+
+
+def _thunk_ms(compiled, args, runs: int) -> collections.Counter:
+    """ms per run of every thunk (by instruction name), from a profiler trace."""
+    from jax.profiler import ProfileData
+    tmp = tempfile.mkdtemp(prefix="gdn-packed-trace-")
+    try:
+        jax.profiler.start_trace(tmp)
+        for _ in range(runs):
+            jax.block_until_ready(compiled(*args))
+        jax.profiler.stop_trace()
+        path = sorted(glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True))[-1]
+        tot = collections.Counter()
+        for plane in ProfileData.from_file(path).planes:
+            if not plane.name.startswith("/host:CPU"):
+                continue
+            for line in plane.lines:
+                if line.name == "python":
+                    continue
+                for ev in line.events:
+                    if ev.name.startswith(("end: ", "Threadpool", "ThunkExecutor")):
+                        continue
+                    tot[ev.name] += ev.duration_ns / 1e6 / runs
+        return tot
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _trace_diff(size, op, impl, chunk, repeats, ids_real, top=20):
+    args = workloads.device_inputs(op, size, jnp.float32, 0) + [jnp.asarray(ids_real)]
+    progs, totals, infos = {}, {}, {}
+    for packed in (False, True):
+        c, _ = timing.compile_entry(op, impl, "fwd+bwd", size, jnp.float32, chunk, args, packed)
+        jax.block_until_ready(c(*args))
+        progs[packed], totals[packed] = c, collections.Counter()
+        infos[packed] = _hlo_instructions(c)
+    for _ in range(max(1, repeats // 2)):          # alternate: drift hits both alike
+        for packed in (False, True):
+            totals[packed].update(_thunk_ms(progs[packed], args, 2))
+    n = max(1, repeats // 2)
+
+    def group(name, info):
+        kind, shape, ops, op_name = info.get(name, ("?", "?", {}, ""))
+        return f"{kind}[{','.join(sorted(ops))}] {shape} {op_name[-70:]}"
+
+    agg = {}
+    for packed in (False, True):
+        agg[packed] = collections.Counter()
+        for name, ms in totals[packed].items():
+            agg[packed][group(name, infos[packed])] += ms / n
+    keys = set(agg[False]) | set(agg[True])
+    diff = sorted(((agg[True][k] - agg[False][k], k) for k in keys), reverse=True)
+    print(f"\n   {op} {impl} fwd+bwd: thunk ms per run, unpacked -> packed "
+          f"(sum {sum(agg[False].values()):.0f} -> {sum(agg[True].values()):.0f}, loops "
+          "counted with their bodies)")
+    print("   largest increases:")
+    for d, k in diff[:top]:
+        print(f"   {d:+8.1f}  {agg[False][k]:7.1f} -> {agg[True][k]:7.1f}  {k}")
+    print("   largest decreases:")
+    for d, k in diff[-5:]:
+        print(f"   {d:+8.1f}  {agg[False][k]:7.1f} -> {agg[True][k]:7.1f}  {k}")
+    bt = f"[{size.B},{size.T},"
+    big = sorted(((ms / n, name) for name, ms in totals[True].items()
+                  if bt in infos[True].get(name, ("", "", {}, ""))[1]), reverse=True)[:6]
+    print(f"   packed program, largest thunks with a {bt}...] output:")
+    for ms, name in big:
+        kind, shape, ops, op_name = infos[True][name]
+        print(f"   {ms:8.1f}  {name} {shape} {dict(ops)}  {op_name[-60:]}")
+    timing.release_compiled()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_packed")
     ap.add_argument("--size", default="bench-d128,2,4096", metavar="LAYOUT,B,T")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--chunk-size", type=int, default=64)
     ap.add_argument("--impls", nargs="+", default=["xla", "pallas"], choices=("xla", "pallas"))
-    ap.add_argument("--sections", nargs="+", type=int, default=[1, 2, 3], choices=(1, 2, 3))
+    ap.add_argument("--sections", nargs="+", type=int, default=[1, 2, 3], choices=(1, 2, 3, 4))
+    ap.add_argument("--trace-op", nargs="+", default=["mixer"], choices=workloads.OPS)
+    ap.add_argument("--trace-impl", nargs="+", default=None, choices=("xla", "pallas"),
+                    help="section 4's impls (default: --impls)")
     args = ap.parse_args(argv)
     size = workloads.parse_size(args.size)
     chunk = args.chunk_size
@@ -170,6 +283,11 @@ def main(argv=None) -> int:
     if 3 in args.sections:
         print("\n3. chunked backends alone (inputs already zeroed at padding)")
         _backends(size, args.impls, chunk, args.repeats, ids)
+    if 4 in args.sections:
+        print("\n4. thunk times from profiler traces (alternating unpacked / packed)")
+        for op in args.trace_op:
+            for impl in args.trace_impl or args.impls:
+                _trace_diff(size, op, impl, chunk, args.repeats, ids)
     print(f"\nload {os.getloadavg()[0]:.2f}")
     return 0
 
