@@ -106,8 +106,7 @@ def conv_windows(seg: Segments, width: int) -> ConvWindows:
 def to_compact(x, win: ConvWindows, pad):
     """x [B, T, C] -> compact [B, T, C]: non-padding tokens moved to the
     front in order, padding slots exactly 0."""
-    xc = jnp.take_along_axis(zero_padding(pad, x), win.order[..., None], axis=1)
-    return xc
+    return jnp.take_along_axis(zero_padding(pad, x), win.order[..., None], axis=1)
 
 
 def from_compact(xc, win: ConvWindows, pad):

@@ -259,7 +259,7 @@ def _compact_order(ids: np.ndarray) -> np.ndarray:
     return np.argsort(ids == 0, axis=1, kind="stable")
 
 
-def _garbage_padding(case, inputs, ids, seed: int) -> Dict[str, np.ndarray]:
+def _garbage_padding(inputs, ids, seed: int) -> Dict[str, np.ndarray]:
     """inputs with every padding token's values replaced by large random
     values (the contract says padding values never matter)."""
     rng = np.random.default_rng([seed, 104729])
@@ -303,10 +303,10 @@ def padding_transparency(target, case: MixerCase):
     cotangent are exactly 0 in both layouts."""
     ids = segment_ids_of(case)
     order = _compact_order(ids)
-    inputs = _garbage_padding(case, runners.case_inputs(case), ids, case.seed)
+    inputs = _garbage_padding(runners.case_inputs(case), ids, case.seed)
     moved_ids = np.take_along_axis(ids, order, axis=1)
     moved_case = replace(case, segments=layouts_from_ids(moved_ids))
-    moved_inputs = _garbage_padding(moved_case, _permuted(inputs, order), moved_ids,
+    moved_inputs = _garbage_padding(_permuted(inputs, order), moved_ids,
                                     case.seed + 1)
     (ct,) = (c.astype(np.float32) for c in runners.cotangents(case))
     fn = runners.target_fn(target, "mixer")
