@@ -7,6 +7,9 @@ time and compiled temp memory per shape, the ratios between impls (measured
 side by side in one run), growth exponents in T, and the acceptance checks.
 --packed adds the packed-sequence overhead: fwd+bwd of both ops (xla,
 pallas) with packed segment_ids against segment_ids=None, interleaved.
+--decode adds decode (one token per call, carried state: the public op
+against a plain jitted recurrent step, per B) and chunked prefill (one pass
+against pieces chaining the state); see benchmarks/decode.py.
 --suite adds the verification suite's throughput under the dev and ci
 profiles. Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME.png (matplotlib,
 the optional `bench` extra).
@@ -16,6 +19,7 @@ examples:
   python -m benchmarks --quick --repeats 1   # tiny ladder, a smoke run
   python -m benchmarks --sizes bench-d128,2,4096 --impls xla reference --modes fwd+bwd
   python -m benchmarks --packed-only         # packed overhead only (segment_ids against None)
+  python -m benchmarks --decode-only --out benchmarks/results/cpu-2core   # decode.{json,md}
   python -m benchmarks --suite --suite-only  # suite throughput only
 """
 
@@ -30,7 +34,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import packed, report, throughput, timing, workloads
+from . import decode, packed, report, throughput, timing, workloads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,6 +87,34 @@ def _parser() -> argparse.ArgumentParser:
     pk.add_argument("--packed-repeats", type=int, default=packed.DEFAULT_REPEATS,
                     help="timed runs per variant; default "
                          f"{packed.DEFAULT_REPEATS}")
+    dc = p.add_argument_group("decode and chunked prefill (carried state, benchmarks/decode.py)")
+    dc.add_argument("--decode", action="store_true",
+                    help="also time decode (T=1 per call) of the public op against a plain "
+                         "jitted recurrent step at B in "
+                         + ", ".join(str(s.B) for s in workloads.DECODE_SIZES)
+                         + ", and chunked prefill at " + workloads.PREFILL_SIZE.label)
+    dc.add_argument("--decode-only", action="store_true",
+                    help="--decode and --no-ladder (default --name decode)")
+    dc.add_argument("--decode-parts", nargs="+", choices=("decode", "prefill"),
+                    default=["decode", "prefill"])
+    dc.add_argument("--decode-batches", nargs="+", type=int, metavar="B", default=None,
+                    help="batch sizes over the layout " + workloads.DECODE_LAYOUT
+                         + " (default " + " ".join(str(b) for b in workloads.DECODE_BATCHES)
+                         + ")")
+    dc.add_argument("--decode-impls", nargs="+", choices=decode.DECODE_IMPLS,
+                    default=list(decode.DECODE_IMPLS),
+                    help="our impls timed against the plain step (xla is the checked one)")
+    dc.add_argument("--decode-steps", type=int, default=decode.DEFAULT_STEPS,
+                    help=f"tokens per timed loop; default {decode.DEFAULT_STEPS}")
+    dc.add_argument("--decode-count-steps", type=int, default=decode.DEFAULT_COUNT_STEPS,
+                    help="tokens of the untimed loop that counts compiles; default "
+                         f"{decode.DEFAULT_COUNT_STEPS}")
+    dc.add_argument("--decode-repeats", type=int, default=decode.DEFAULT_REPEATS,
+                    help=f"timed loops (and prefill runs) per entry; default "
+                         f"{decode.DEFAULT_REPEATS}")
+    dc.add_argument("--decode-sync", choices=decode.SYNCS, default="step",
+                    help="step: block on every step's output (a serving loop reads the "
+                         "token); end: once per loop. Default step")
     st = p.add_argument_group("suite throughput (minutes)")
     st.add_argument("--suite", action="store_true",
                     help="also run the suite subset under each --suite-profiles profile")
@@ -105,7 +137,9 @@ def _parser() -> argparse.ArgumentParser:
                          "earlier run's JSON (its own timestamps and load are kept)")
     out = p.add_argument_group("output")
     out.add_argument("--out", default="bench-results", help="output directory")
-    out.add_argument("--name", default="bench", help="file stem (NAME.json/.md/.png)")
+    out.add_argument("--name", default=None,
+                     help="file stem (NAME.json/.md/.png); default bench (decode with "
+                          "--decode-only)")
     out.add_argument("--no-plot", action="store_true")
     out.add_argument("--strict", action="store_true",
                      help="exit 1 when a measured acceptance check misses its target")
@@ -150,6 +184,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.suite, args.no_ladder = True, True
     if args.packed_only:
         args.packed, args.no_ladder = True, True
+    decode_only = args.decode_only and not (args.packed or args.suite)
+    if args.decode_only:
+        args.decode, args.no_ladder = True, True
+    if args.name is None:
+        args.name = "decode" if decode_only else "bench"
+    if args.decode and (args.decode_repeats < 1 or args.decode_steps < 1
+                        or args.decode_count_steps < 1
+                        or min(args.decode_batches or [1]) < 1):
+        _parser().error("--decode-repeats, --decode-steps, --decode-count-steps and "
+                        "--decode-batches must be >= 1")
     if args.repeats < 1 or args.warmup < 0 or args.settle < 0 or args.packed_repeats < 1:
         _parser().error("--repeats and --packed-repeats must be >= 1, --warmup and "
                         "--settle >= 0")
@@ -172,7 +216,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"load {meta['loadavg_start'][0]:.2f}; pallas mode {meta['pallas_mode']}")
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         log("note: JAX_COMPILATION_CACHE_DIR is set: compile times may be cache hits")
-    if args.repeats < 5:
+    if args.repeats < 5 and not args.no_ladder:
         log(f"note: --repeats {args.repeats} < 5: a smoke run, not a measurement")
     cfg = timing.LadderConfig(
         sizes=sizes, ops=tuple(args.ops), impls=tuple(args.impls), modes=tuple(args.modes),
@@ -185,6 +229,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     packed_doc = None
     if args.packed:
         packed_doc = packed.run(packed.config_for(cfg, args.packed_repeats), packed_size, log)
+    decode_doc = None
+    if args.decode:
+        decode_doc = decode.run(decode.config_from_args(args, args.quick), log)
     fits = report.growth_fits(records)
     doc = {
         "meta": meta,
@@ -205,6 +252,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         "packed": packed_doc,
         "suite": None,
     }
+    if decode_only:
+        doc = {"meta": meta, "decode": decode_doc}
+    elif decode_doc is not None:
+        doc["decode"] = decode_doc
     if args.suite_json:
         import json
         with open(args.suite_json) as f:
@@ -225,7 +276,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, args.name)
     report.write_json(stem + ".json", doc)
-    md = report.markdown(doc)
+    if decode_only:
+        md = decode.markdown(doc)
+    else:
+        md = report.markdown(doc)
+        if decode_doc is not None:
+            md += "\n" + decode.markdown_section(decode_doc)
     with open(stem + ".md", "w") as f:
         f.write(md)
     written = [stem + ".json", stem + ".md"]
@@ -237,7 +293,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             written.append(stem + ".png")
     print(md)
     log("wrote " + ", ".join(written))
-    missed = [a for a in doc["acceptance"] if a["pass"] is False]
+    missed = [a for a in doc.get("acceptance", []) + (decode_doc or {}).get("acceptance", [])
+              if a["pass"] is False]
     return 1 if (args.strict and missed) else 0
 
 

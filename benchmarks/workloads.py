@@ -98,6 +98,17 @@ DEFAULT_LADDER = (
 QUICK_LADDER = tuple(Size.of("bench-quick", 1, t) for t in (64, 128))
 ACCEPTANCE_SIZE = Size.of("bench-d128", 2, 4096)
 PACKED_QUICK_SIZE = Size.of("bench-quick", 2, 128)   # --quick --packed: two rows
+# Decode (benchmarks/decode.py): one token per call (T=1) at B = 1, 8, 64 over
+# Hk=16, Hv=32, Dk=Dv=128; chunked prefill of one B=2, T=4096 row pair split
+# into pieces of these lengths (the whole row = one pass).
+DECODE_LAYOUT = "bench-decode"
+DECODE_BATCHES = (1, 8, 64)
+DECODE_SIZES = tuple(Size.of(DECODE_LAYOUT, b, 1) for b in DECODE_BATCHES)
+DECODE_QUICK_SIZES = (Size.of("bench-quick", 1, 1), Size.of("bench-quick", 4, 1))
+PREFILL_SIZE = ACCEPTANCE_SIZE
+PREFILL_PIECES = (4096, 1024, 256)
+PREFILL_QUICK_SIZE = Size.of("bench-quick", 2, 128)
+PREFILL_QUICK_PIECES = (128, 32, 8)
 
 
 def parse_size(text: str) -> Size:

@@ -14,6 +14,7 @@ from .interpret import resolved_mode
 from .delta_rule import DeltaRuleConfig, chunked_delta_rule
 from .l2norm import DEFAULT_EPS
 from .mixer import MixerConfig, gdn_mixer
+from .state import GDNState
 
 
 def _segments(segment_ids):
@@ -32,14 +33,15 @@ def _jitted_delta_rule(cfg: DeltaRuleConfig):
 
 @functools.lru_cache(maxsize=None)
 def _jitted_mixer(cfg: MixerConfig):
+    """jit of (x, w, a, b, a_log, dt_bias, ids, state) -> (o, GDNState)."""
     if cfg.impl == "reference":
-        return jax.jit(lambda x, w, a, b, a_log, dt_bias, ids: reference.reference_mixer(
+        return jax.jit(lambda x, w, a, b, a_log, dt_bias, ids, state: reference.reference_mixer(
             x, w, a, b, a_log, dt_bias, num_k_heads=cfg.num_k_heads,
             num_v_heads=cfg.num_v_heads, head_k_dim=cfg.head_k_dim,
             head_v_dim=cfg.head_v_dim, use_qk_norm=cfg.use_qk_norm, eps=cfg.eps,
-            scale=cfg.scale, segment_ids=ids))
-    return jax.jit(lambda x, w, a, b, a_log, dt_bias, ids: gdn_mixer(
-        cfg, x, w, a, b, a_log, dt_bias, _segments(ids)))
+            scale=cfg.scale, segment_ids=ids, state=state, return_state=True))
+    return jax.jit(lambda x, w, a, b, a_log, dt_bias, ids, state: gdn_mixer(
+        cfg, x, w, a, b, a_log, dt_bias, _segments(ids), state))
 
 
 def _interpret_key(impl):
@@ -70,20 +72,27 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                          num_v_heads, head_k_dim, head_v_dim, use_qk_norm=True,
                          eps=DEFAULT_EPS, scale=None, chunk_size=64, impl="pallas",
-                         segment_ids=None):
-    """The GDN token mixer (docs/contract.md sections 2 and 6), one custom VJP.
+                         segment_ids=None, state=None, return_state=False):
+    """The GDN token mixer (docs/contract.md sections 2, 6 and 7), one custom VJP.
 
     x [B, T, 2*Hk*Dk + Hv*Dv]; conv_weight [K, C]; a, b [B, T, Hv];
     a_log, dt_bias [Hv], [B', Hv] or [B', T', Hv]; segment_ids [B, T] int
-    (0 = padding) or None. Returns o [B, T, Hv, Dv] in x's dtype.
+    (0 = padding) or None; state: the GDNState a previous call returned, or
+    None (zeros). Returns o [B, T, Hv, Dv] in x's dtype, or (o, GDNState)
+    with return_state=True. A call with T <= 4 (decode) runs token by token.
     """
     validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads,
                               num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
-                              scale, chunk_size, impl, segment_ids=segment_ids)
+                              scale, chunk_size, impl, segment_ids=segment_ids,
+                              state=state, return_state=return_state)
     scale = float(head_k_dim ** -0.5 if scale is None else scale)
     cfg = MixerConfig(impl=impl, num_k_heads=int(num_k_heads),
                       num_v_heads=int(num_v_heads), head_k_dim=int(head_k_dim),
                       head_v_dim=int(head_v_dim), use_qk_norm=bool(use_qk_norm),
                       eps=float(eps), scale=scale, chunk_size=int(chunk_size),
                       interpret=_interpret_key(impl))
-    return _jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias, segment_ids)
+    if state is not None:
+        state = GDNState(*state)
+    o, new_state = _jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias, segment_ids,
+                                      state)
+    return (o, new_state) if return_state else o

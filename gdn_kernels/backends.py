@@ -5,7 +5,8 @@ A backend is a module with
       -> (o, final_state, residuals)
   backward(q, k, v, g, beta, residuals, do, ds_final, scale, chunk, seg=None)
       -> (dq, dk, dv, dg, dbeta, ds0)
-in the contract layout, all outputs in the accumulation dtype. seg is a
+in the contract layout, all outputs in the accumulation dtype. Short calls
+(T <= RECURRENT_MAX_T, decode) run on recurrent_impl whatever the impl. seg is a
 segments.Segments of packed documents or None; the caller zeroes padding
 tokens (inputs, do, cotangents), the backend resets the state at document
 starts.
@@ -14,6 +15,8 @@ starts.
 from __future__ import annotations
 
 import importlib
+
+from .recurrent_impl import RECURRENT_MAX_T
 
 # Module names relative to this package (so a renamed copy of the package,
 # e.g. a seeded-bug mutant, uses its own backends).
@@ -31,3 +34,12 @@ def get_backend(impl: str):
         raise ValueError(f"impl must be one of {tuple(CHUNKED_BACKENDS)} here, "
                          f"got {impl!r}") from None
     return importlib.import_module(__package__ + name)
+
+
+def backend_for(impl: str, seq_len: int):
+    """The backend a call of T = seq_len tokens runs on: the token-by-token
+    decode path (recurrent_impl) for T <= RECURRENT_MAX_T, whatever the
+    impl; else the impl's chunked backend."""
+    if seq_len <= RECURRENT_MAX_T:
+        return importlib.import_module(__package__ + ".recurrent_impl")
+    return get_backend(impl)

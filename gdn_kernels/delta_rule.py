@@ -7,7 +7,7 @@ from functools import partial
 
 import jax
 
-from .backends import get_backend
+from .backends import backend_for
 from .segments import zero_padding_all
 
 
@@ -23,7 +23,7 @@ class DeltaRuleConfig:
 def _forward(cfg, q, k, v, g, beta, s0, seg):
     """Padding zeroed on the way in (identity steps) and on the way out."""
     q, k, v, g, beta = zero_padding_all(seg, q, k, v, g, beta)
-    o, s_final, res = get_backend(cfg.impl).forward(q, k, v, g, beta, s0, cfg.scale,
+    o, s_final, res = backend_for(cfg.impl, q.shape[1]).forward(q, k, v, g, beta, s0, cfg.scale,
                                                     cfg.chunk_size, seg)
     (o,) = zero_padding_all(seg, o.astype(v.dtype))
     return (o, s_final), res
@@ -46,7 +46,7 @@ def _bwd(cfg, saved, cotangents):
     do, ds_final = cotangents
     primals = (q, k, v, g, beta)
     qz, kz, vz, gz, betaz, do = zero_padding_all(seg, *primals, do)
-    *grads, ds0 = get_backend(cfg.impl).backward(qz, kz, vz, gz, betaz, res, do, ds_final,
+    *grads, ds0 = backend_for(cfg.impl, q.shape[1]).backward(qz, kz, vz, gz, betaz, res, do, ds_final,
                                                  cfg.scale, cfg.chunk_size, seg)
     grads = zero_padding_all(seg, *grads)
     return tuple(d.astype(x.dtype) for d, x in zip(grads + (ds0,), primals + (s0,))) + (None,)

@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 
 from . import conv1d, gates, l2norm, segments
-from .backends import get_backend
+from .backends import backend_for
 from .chunk_math import accumulation_dtype
 from .segments import zero_padding_all
+from .state import GDNState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,33 +73,72 @@ def _conv_windows(seg, conv_weight):
     return None if seg is None else segments.conv_windows(seg, conv_weight.shape[0])
 
 
-def _conv_forward(x, weight, seg, win):
-    """(silu(pre), pre) [B, T, C]; packed: the conv runs over the row with its
-    padding deleted and is cut at document starts (padding rows are 0)."""
-    if seg is None:
-        return conv1d.conv1d_silu_forward(x, weight)
-    pre_c = conv1d.conv1d_preactivation(segments.to_compact(x, win, seg.pad), weight,
-                                        win.valid)
-    pre = segments.from_compact(pre_c, win, seg.pad)
+def _extended_input(x, hist, seg, win):
+    """The conv's input row behind its history: [B, K-1+T, C], hist [B, K-1, C]
+    then x (packed: x's tokens in compact order, padding slots 0 at the end)."""
+    row = x if seg is None else segments.to_compact(x, win, seg.pad)
+    return jnp.concatenate([hist, row], axis=1)
+
+
+def _valid(win):
+    return None if win is None else win.valid
+
+
+def _conv_forward(ext, weight, seg, win):
+    """(silu(pre), pre) [B, T, C] from the extended input; packed: each tap
+    reads only its own document (padding rows are 0)."""
+    pre = conv1d.conv1d_preactivation(ext, weight, _valid(win))[:, weight.shape[0] - 1:]
+    if seg is not None:
+        pre = segments.from_compact(pre, win, seg.pad)
     return jax.nn.silu(pre), pre
 
 
-def _conv_backward(x, weight, pre, dy, seg, win):
-    """(dx [B, T, C], dw [K, C]) of _conv_forward given dy [B, T, C]."""
+def _tail_index(win, history: int):
+    """[B, K-1] extended positions of the row's next window (packed)."""
+    return win.count[:, None] + jnp.arange(history, dtype=jnp.int32)
+
+
+def conv_state(ext, history: int, seg, win):
+    """The K-1 inputs the row's next token reads [B, K-1, C]: the last K-1
+    slots of the extended input, 0 where they precede the last document."""
     if seg is None:
-        return conv1d.conv1d_silu_backward(x, weight, pre, dy)
+        return ext[:, ext.shape[1] - history:]
+    kept = jnp.take_along_axis(ext, _tail_index(win, history)[..., None], axis=1)
+    return jnp.where(win.tail_keep[..., None], kept, jnp.zeros((), ext.dtype))
+
+
+def _add_conv_state_cotangent(dext, dconv, seg, win):
+    """dext [B, K-1+T, C] plus the cotangent of conv_state's result."""
+    history = dconv.shape[1]
+    if seg is None:
+        return dext.at[:, dext.shape[1] - history:].add(dconv)
+    dconv = jnp.where(win.tail_keep[..., None], dconv, jnp.zeros((), dconv.dtype))
+    return jax.vmap(lambda d, i, u: d.at[i].add(u))(dext, _tail_index(win, history), dconv)
+
+
+def _conv_backward(ext, weight, pre, dy, dconv, seg, win):
+    """(dx [B, T, C], dhist [B, K-1, C], dw [K, C]) of _conv_forward and
+    conv_state, given dy [B, T, C] and dconv [B, K-1, C]."""
+    history = weight.shape[0] - 1
     dpre = dy * conv1d.silu_grad(pre)
-    dx_c, dw = conv1d.conv1d_backward(segments.to_compact(x, win, seg.pad), weight,
-                                      segments.to_compact(dpre, win, seg.pad), win.valid)
-    return segments.from_compact(dx_c, win, seg.pad), dw
+    if seg is not None:
+        dpre = segments.to_compact(dpre, win, seg.pad)
+    dpre = jnp.concatenate([jnp.zeros_like(ext[:, :history]), dpre], axis=1)
+    dext, dw = conv1d.conv1d_backward(ext, weight, dpre, _valid(win))
+    dext = _add_conv_state_cotangent(dext, dconv, seg, win)
+    dx = dext[:, history:]
+    if seg is not None:
+        dx = segments.from_compact(dx, win, seg.pad)
+    return dx, dext[:, :history], dw
 
 
-def prologue(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None,
+def prologue(cfg: MixerConfig, ext, conv_weight, a, b, a_log, dt_bias, seg=None,
              win=None) -> Prologue:
-    """seg, win: segments.Segments and ConvWindows of packed documents, or
+    """ext: the extended conv input (_extended_input) in the accumulation
+    dtype; seg, win: segments.Segments and ConvWindows of packed documents, or
     None (q, k, v, g, beta come out exactly 0 at padding tokens)."""
-    acc = accumulation_dtype(x.dtype)
-    y, pre = _conv_forward(x.astype(acc), conv_weight.astype(acc), seg, win)
+    acc = ext.dtype
+    y, pre = _conv_forward(ext, conv_weight.astype(acc), seg, win)
     q_raw, k_raw, v = split_heads(y, cfg)
     if cfg.use_qk_norm:
         q, k = l2norm.l2norm_forward(q_raw, cfg.eps), l2norm.l2norm_forward(k_raw, cfg.eps)
@@ -110,55 +150,75 @@ def prologue(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None,
     return Prologue(pre, q_raw, k_raw, q, k, v, g, beta)
 
 
-def _zero_state(pro: Prologue):
-    bsz, hv, dk, dv = pro.v.shape[0], pro.v.shape[2], pro.q.shape[3], pro.v.shape[3]
-    return jnp.zeros((bsz, hv, dk, dv), pro.v.dtype)
+def initial_state(cfg: MixerConfig, x, conv_weight, state):
+    """GDNState in the accumulation dtype: `state`, or zeros when None."""
+    acc = accumulation_dtype(x.dtype)
+    if state is not None:
+        return GDNState(state.conv.astype(acc), state.recurrent.astype(acc))
+    bsz, _, c = x.shape
+    return GDNState(
+        jnp.zeros((bsz, conv_weight.shape[0] - 1, c), acc),
+        jnp.zeros((bsz, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim), acc))
 
 
-def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg):
+def _inputs(cfg, x, conv_weight, seg, state):
+    """(ext, win, incoming GDNState) shared by the forward and the backward."""
     win = _conv_windows(seg, conv_weight)
-    pro = prologue(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, win)
-    o, _, res = get_backend(cfg.impl).forward(pro.q, pro.k, pro.v, pro.g, pro.beta,
-                                              _zero_state(pro), cfg.scale, cfg.chunk_size,
-                                              seg)
+    s_in = initial_state(cfg, x, conv_weight, state)
+    ext = _extended_input(x.astype(s_in.conv.dtype), s_in.conv, seg, win)
+    return ext, win, s_in
+
+
+def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state):
+    ext, win, s_in = _inputs(cfg, x, conv_weight, seg, state)
+    pro = prologue(cfg, ext, conv_weight, a, b, a_log, dt_bias, seg, win)
+    o, s_final, res = backend_for(cfg.impl, x.shape[1]).forward(
+        pro.q, pro.k, pro.v, pro.g, pro.beta, s_in.recurrent, cfg.scale, cfg.chunk_size, seg)
     (o,) = zero_padding_all(seg, o.astype(x.dtype))
-    return o, res
+    conv = conv_state(ext, conv_weight.shape[0] - 1, seg, win).astype(x.dtype)
+    return (o, GDNState(conv, s_final)), res
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def gdn_mixer(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None):
-    """o [B, T, Hv, Dv] in x's dtype. seg: segments.Segments of packed
-    documents, or None."""
-    return _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg)[0]
+def gdn_mixer(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None, state=None):
+    """(o [B, T, Hv, Dv] in x's dtype, GDNState after the call). seg:
+    segments.Segments of packed documents, or None; state: the incoming
+    GDNState, or None (zeros)."""
+    return _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state)[0]
 
 
-def _fwd(cfg, x, conv_weight, a, b, a_log, dt_bias, seg=None):
-    o, res = _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg)
-    return o, (x, conv_weight, a, b, a_log, dt_bias, seg, res)
+def _fwd(cfg, x, conv_weight, a, b, a_log, dt_bias, seg=None, state=None):
+    out, res = _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state)
+    return out, (x, conv_weight, a, b, a_log, dt_bias, seg, state, res)
 
 
-def _bwd(cfg, saved, do):
-    x, conv_weight, a, b, a_log, dt_bias, seg, res = saved
+def _bwd(cfg, saved, cotangents):
+    x, conv_weight, a, b, a_log, dt_bias, seg, state, res = saved
+    do, d_state = cotangents
     acc = accumulation_dtype(x.dtype)
-    win = _conv_windows(seg, conv_weight)
-    pro = prologue(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, win)
+    ext, win, s_in = _inputs(cfg, x, conv_weight, seg, state)
+    pro = prologue(cfg, ext, conv_weight, a, b, a_log, dt_bias, seg, win)
     (do,) = zero_padding_all(seg, do.astype(acc))
-    dq, dk, dv, dg, dbeta, _ = get_backend(cfg.impl).backward(
+    dq, dk, dv, dg, dbeta, ds0 = backend_for(cfg.impl, x.shape[1]).backward(
         pro.q, pro.k, pro.v, pro.g, pro.beta, res, do,
-        _zero_state(pro), cfg.scale, cfg.chunk_size, seg)
+        d_state.recurrent.astype(acc), cfg.scale, cfg.chunk_size, seg)
     dq, dk, dv, dg, dbeta = zero_padding_all(seg, dq, dk, dv, dg, dbeta)
     if cfg.use_qk_norm:
         dq = l2norm.l2norm_backward(pro.q_raw, dq, cfg.eps)
         dk = l2norm.l2norm_backward(pro.k_raw, dk, cfg.eps)
-    dx, dw = _conv_backward(x.astype(acc), conv_weight.astype(acc), pro.pre,
-                            merge_heads(dq, dk, dv), seg, win)
+    dx, dhist, dw = _conv_backward(ext, conv_weight.astype(acc), pro.pre,
+                                   merge_heads(dq, dk, dv), d_state.conv.astype(acc),
+                                   seg, win)
     da, da_log, ddt_bias = gates.gate_backward(a.astype(acc), a_log.astype(acc),
                                                dt_bias.astype(acc), dg,
                                                None if seg is None else seg.pad)
     (db,) = zero_padding_all(seg, gates.beta_backward(b.astype(acc), dbeta))
     grads = (dx, dw, da, db, da_log, ddt_bias)
     primals = (x, conv_weight, a, b, a_log, dt_bias)
-    return tuple(d.astype(p.dtype) for d, p in zip(grads, primals)) + (None,)
+    grads = tuple(d.astype(p.dtype) for d, p in zip(grads, primals))
+    d_in = None if state is None else GDNState(dhist.astype(state.conv.dtype),
+                                               ds0.astype(state.recurrent.dtype))
+    return grads + (None, d_in)
 
 
 gdn_mixer.defvjp(_fwd, _bwd)

@@ -10,6 +10,10 @@ With `segment_ids` (docs/contract.md section 6) both ops run the deletion
 definition directly, one token per scan step: padding is skipped, documents
 restart from a zero carry, and the mixer's conv reads a carried window of the
 document's previous inputs instead of calling `lax.conv_general_dilated`.
+
+With a carried `state` (docs/contract.md section 7) the mixer's conv reads
+`state.conv` before token 0 and the recurrence starts from `state.recurrent`;
+`return_state=True` also returns the `GDNState` the next call continues from.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from gdn_kernels.state import GDNState
 
 
 def compute_dtype(*arrays):
@@ -127,39 +133,70 @@ def _param_rank3(p):
     return p[None, None, :] if p.ndim == 1 else (p[:, None, :] if p.ndim == 2 else p)
 
 
+def _conv1d_silu_valid(x, weight):
+    """silu(depthwise conv) over the windows that fit, via
+    lax.conv_general_dilated. x [B, K-1+T, C], weight [K, C] -> [B, T, C]."""
+    kernel = weight[:, None, :]                    # [K, 1, C]  (W, I, O)
+    pre = lax.conv_general_dilated(
+        x, kernel, window_strides=(1,), padding="VALID",
+        dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=weight.shape[1],
+        precision=lax.Precision.HIGHEST)
+    return pre * jax.nn.sigmoid(pre)
+
+
 def reference_mixer(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                     num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
-                    scale, chunk_size=None, segment_ids=None):
+                    scale, chunk_size=None, segment_ids=None, state=None,
+                    return_state=False):
     """gdn_decoupled_conv1d by the contract's semantics, token scan inside.
 
     x [B, T, C]; conv_weight [K, C]; a, b [B, T, Hv]; a_log, dt_bias [Hv],
     [B', Hv] or [B', T', Hv]; segment_ids [B, T] integer or None (section 6;
-    may be traced). Returns o [B, T, Hv, Dv] in x's dtype.
+    may be traced); state GDNState(conv [B, K-1, C], recurrent
+    [B, Hv, Dk, Dv]) or None for zeros (section 7). Returns o [B, T, Hv, Dv]
+    in x's dtype; with return_state, (o, GDNState(conv [B, K-1, C] in x's
+    dtype, recurrent [B, Hv, Dk, Dv] in the compute dtype)).
     """
     del chunk_size  # the token scan has no chunks
-    dt = compute_dtype(x, conv_weight, a, b, a_log, dt_bias)
+    conv0, rec0 = (None, None) if state is None else (state.conv, state.recurrent)
+    dt = compute_dtype(x, conv_weight, a, b, a_log, dt_bias, conv0, rec0)
     a_log3 = _param_rank3(a_log.astype(dt))
     dt_bias3 = _param_rank3(dt_bias.astype(dt))
     dims = (num_k_heads, num_v_heads, head_k_dim, head_v_dim)
+    bsz, t, c = x.shape
+    x_dt, w = x.astype(dt), conv_weight.astype(dt)
+    if conv0 is None:
+        hist0 = jnp.zeros((bsz, w.shape[0] - 1, c), dt)
+        s0 = jnp.zeros((bsz, num_v_heads, head_k_dim, head_v_dim), dt)
+    else:
+        hist0, s0 = conv0.astype(dt), rec0.astype(dt)
     if segment_ids is not None:
-        o, _ = _segment_mixer_scan(
-            x.astype(dt), conv_weight.astype(dt), a.astype(dt), b.astype(dt),
-            a_log3, dt_bias3, segment_ids, dims=dims, use_qk_norm=use_qk_norm,
-            eps=eps, scale=scale)
-        return o.astype(x.dtype)
-    bsz, t, _ = x.shape
-    y = reference_conv1d_silu(x.astype(dt), conv_weight.astype(dt))
-    nq = num_k_heads * head_k_dim
-    q = y[..., :nq].reshape(bsz, t, num_k_heads, head_k_dim)
-    k = y[..., nq:2 * nq].reshape(bsz, t, num_k_heads, head_k_dim)
-    v = y[..., 2 * nq:].reshape(bsz, t, num_v_heads, head_v_dim)
-    if use_qk_norm:
-        q = q / jnp.sqrt(jnp.sum(q * q, axis=-1, keepdims=True) + eps)
-        k = k / jnp.sqrt(jnp.sum(k * k, axis=-1, keepdims=True) + eps)
-    g = -jnp.exp(a_log3) * jax.nn.softplus(a.astype(dt) + dt_bias3)
-    beta = jax.nn.sigmoid(b.astype(dt))
-    o, _ = token_scan(q, k, v, g, beta, scale)
-    return o.astype(x.dtype)
+        o, (s_final, hist_final) = _segment_mixer_scan(
+            x_dt, w, a.astype(dt), b.astype(dt), a_log3, dt_bias3, segment_ids,
+            dims=dims, use_qk_norm=use_qk_norm, eps=eps, scale=scale, s0=s0,
+            hist0=hist0)
+    else:
+        if state is None:     # zero history: the causal conv's own zero padding
+            y = reference_conv1d_silu(x_dt, w)
+        else:
+            y = _conv1d_silu_valid(jnp.concatenate([hist0, x_dt], axis=1), w)
+        nq = num_k_heads * head_k_dim
+        q = y[..., :nq].reshape(bsz, t, num_k_heads, head_k_dim)
+        k = y[..., nq:2 * nq].reshape(bsz, t, num_k_heads, head_k_dim)
+        v = y[..., 2 * nq:].reshape(bsz, t, num_v_heads, head_v_dim)
+        if use_qk_norm:
+            q = q / jnp.sqrt(jnp.sum(q * q, axis=-1, keepdims=True) + eps)
+            k = k / jnp.sqrt(jnp.sum(k * k, axis=-1, keepdims=True) + eps)
+        g = -jnp.exp(a_log3) * jax.nn.softplus(a.astype(dt) + dt_bias3)
+        beta = jax.nn.sigmoid(b.astype(dt))
+        o, s_final = token_scan(q, k, v, g, beta, scale,
+                                None if state is None else s0)
+        # the last K-1 inputs of history-then-x (part of the history when T < K-1)
+        hist_final = jnp.concatenate([hist0, x_dt], axis=1)[:, t:]
+    o = o.astype(x.dtype)
+    if not return_state:
+        return o
+    return o, GDNState(conv=hist_final.astype(x.dtype), recurrent=s_final)
 
 
 def _mixer_token(window, w, a_t, b_t, a_log_t, dt_bias_t, *, dims, use_qk_norm, eps):
@@ -187,16 +224,18 @@ def _mixer_token(window, w, a_t, b_t, a_log_t, dt_bias_t, *, dims, use_qk_norm, 
 
 
 def _segment_mixer_scan(x, w, a, b, a_log3, dt_bias3, segment_ids, *, dims,
-                        use_qk_norm, eps, scale):
+                        use_qk_norm, eps, scale, s0, hist0):
     """The whole mixer under segment_ids, one token per scan step; the conv
     reads a carried history of the document's previous K-1 inputs.
 
     x [B, T, C]; w [K, C]; a, b [B, T, Hv]; a_log3, dt_bias3 rank 3,
-    broadcastable to [B, T, Hv]; all in the compute dtype. Returns
+    broadcastable to [B, T, Hv]; s0 [B, Hv, Dk, Dv] and hist0 [B, K-1, C]:
+    the incoming carry of each row's first document; all in the compute
+    dtype. Returns
     (o [B, T, Hv, Dv], (final state [B, Hv, Dk, Dv], conv history [B, K-1, C])).
     """
-    hk, hv, dk, dv = dims
-    bsz, t, c = x.shape
+    hv = dims[1]
+    bsz, t, _ = x.shape
     per_token = (x, a, b, jnp.broadcast_to(a_log3, (bsz, t, hv)),
                  jnp.broadcast_to(dt_bias3, (bsz, t, hv)))
     xs = tuple(jnp.moveaxis(u, 1, 0) for u in per_token)
@@ -217,8 +256,6 @@ def _segment_mixer_scan(x, w, a, b, a_log3, dt_bias3, segment_ids, *, dims,
                  jnp.where(is_doc, id_t, last_id))
         return carry, _keep_rows(is_doc, o_t)
 
-    s0 = jnp.zeros((bsz, hv, dk, dv), x.dtype)
-    hist0 = jnp.zeros((bsz, w.shape[0] - 1, c), x.dtype)
     (s_final, hist_final, _), o = lax.scan(
         step, (s0, hist0, jnp.zeros_like(ids[0])), (*xs, ids))
     return jnp.moveaxis(o, 0, 1), (s_final, hist_final)

@@ -11,7 +11,7 @@ see them: per-token masks computed once from `segment_ids` with traced ops
 
 The recurrence reads doc/start through chunk_math.ChunkSegments; the conv
 reads ConvWindows: windows over the row with its padding deleted (compact
-positions), cut at document starts.
+positions) behind the incoming conv history, cut at document starts.
 """
 
 from __future__ import annotations
@@ -68,15 +68,24 @@ def zero_padding_all(seg, *xs):
 # --------------------------------------------------------------------------
 
 class ConvWindows(NamedTuple):
-    """order    [B, T] int32: token at compact position p (non-padding tokens
-                 first, in order, then the padding tokens)
-    position [B, T] int32: compact position of token t (0 for padding)
-    valid    [K, B, T] bool: tap j of compact position p reads compact
-                 position p - (K-1-j) of the same document (tap K-1 is the
-                 token itself and is valid at every non-padding slot)"""
+    """Windows of a causal conv of width K over the EXTENDED compact row: the
+    K-1 incoming history slots (state.conv, part of the row's first
+    document), then the non-padding tokens in order, then the padding slots.
+
+    order     [B, T] int32: token at compact position p (non-padding tokens
+              first, in order, then the padding tokens)
+    position  [B, T] int32: compact position of token t (0 for padding)
+    valid     [K, B, K-1+T] bool: tap j of extended position p reads
+              p - (K-1-j) of the same document (tap K-1 is the slot itself,
+              valid at every non-padding slot)
+    count     [B] int32: non-padding tokens of the row
+    tail_keep [B, K-1] bool: extended positions count .. count+K-2 (the
+              window of the row's next token) lie in the row's last document"""
     order: jnp.ndarray
     position: jnp.ndarray
     valid: jnp.ndarray
+    count: jnp.ndarray
+    tail_keep: jnp.ndarray
 
 
 def _delayed(x, s: int, fill):
@@ -89,18 +98,23 @@ def _delayed(x, s: int, fill):
 
 
 def conv_windows(seg: Segments, width: int) -> ConvWindows:
-    """The compact-position windows of a causal conv of width K."""
+    """The extended compact windows of a causal conv of width K."""
     order = jnp.argsort(seg.pad, axis=1, stable=True).astype(jnp.int32)
     position = jnp.maximum(jnp.cumsum(~seg.pad, axis=1, dtype=jnp.int32) - 1, 0)
     doc_c = jnp.take_along_axis(jnp.where(seg.pad, -1, seg.doc), order, axis=1)
-    valid = [(_delayed(doc_c, width - 1 - j, -2) == doc_c) & (doc_c >= 0)
+    doc_x = jnp.concatenate([jnp.zeros_like(doc_c[:, :width - 1]), doc_c], axis=1)
+    valid = [(_delayed(doc_x, width - 1 - j, -2) == doc_x) & (doc_x >= 0)
              for j in range(width)]
+    count = jnp.sum(~seg.pad, axis=1, dtype=jnp.int32)
+    tail = count[:, None] + jnp.arange(width - 1, dtype=jnp.int32)
+    tail_keep = jnp.take_along_axis(doc_x, tail, axis=1) == seg.doc[:, -1:]
     # computed once (see from_ids): the conv backward's gathers and masked
     # taps otherwise fuse the cumsum, index bounds and document comparisons
     # into one per-channel loop (measured 130-160 ms vs 42 ms unpacked at
     # B2 T4096 D128)
     return lax.optimization_barrier(
-        ConvWindows(order=order, position=position, valid=jnp.stack(valid)))
+        ConvWindows(order=order, position=position, valid=jnp.stack(valid),
+                    count=count, tail_keep=tail_keep))
 
 
 def to_compact(x, win: ConvWindows, pad):

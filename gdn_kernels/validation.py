@@ -168,8 +168,8 @@ def _check_gate_param(name, p, b, t, hv):
 
 def validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
                    head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size, impl,
-                   segment_ids=None):
-    """All checks of docs/contract.md sections 2, 5 and 6 for gdn_decoupled_conv1d."""
+                   segment_ids=None, state=None, return_state=False):
+    """All checks of docs/contract.md sections 2, 5, 6 and 7 for gdn_decoupled_conv1d."""
     check_impl(impl)
     check_chunk_size(chunk_size)
     check_scale(scale)
@@ -208,3 +208,23 @@ def validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_head
         _check_gate_param(name, p, bsz, t, hv)
         _check_param_dtype(name, p, x.dtype)
     check_segment_ids(segment_ids, bsz, t)
+    if not isinstance(return_state, (bool, np.bool_)):
+        raise TypeError(f"return_state must be a bool, got {return_state!r}")
+    check_state(state, x, conv_weight.shape[0], hv, head_k_dim, head_v_dim)
+
+
+def check_state(state, x, width, hv, dk, dv):
+    """state: None or a GDNState (section 7) matching x [B, T, C]."""
+    if state is None:
+        return
+    if not (isinstance(state, tuple) and hasattr(state, "conv")
+            and hasattr(state, "recurrent")):
+        raise TypeError(f"state must be a gdn_kernels.GDNState or None, "
+                        f"got {type(state).__name__}")
+    bsz, _, c = x.shape
+    _check_array("state.conv", state.conv)
+    _check_shape("state.conv", state.conv, (bsz, width - 1, c), "[B, K-1, C]")
+    _check_param_dtype("state.conv", state.conv, x.dtype)
+    _check_array("state.recurrent", state.recurrent)
+    _check_shape("state.recurrent", state.recurrent, (bsz, hv, dk, dv), "[B, Hv, Dk, Dv]")
+    _check_param_dtype("state.recurrent", state.recurrent, x.dtype)

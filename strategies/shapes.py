@@ -55,6 +55,7 @@ LAYOUTS: Dict[str, HeadLayout] = {
     "bench-quick": HeadLayout(1, 2, 16, 16),
     "bench-d64": HeadLayout(2, 2, 64, 64),
     "bench-d128": HeadLayout(2, 2, 128, 128),
+    "bench-decode": HeadLayout(16, 2, 128, 128),   # Hk=16, Hv=32 (decode benchmark)
 }
 
 # The layouts the Hypothesis lattice draws from, in lattice order (the first

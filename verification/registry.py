@@ -27,7 +27,7 @@ from hypothesis import target as hypothesis_target
 
 from .tolerance import TensorError, format_table, worst
 
-FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "stability",
+FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "state", "stability",
             "bad_input")
 
 

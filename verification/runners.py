@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gdn_kernels import GDNState
 from gdn_kernels import api as reference_api
 from gdn_kernels.interpret import resolved_mode
 from strategies import cotangent, delta_rule_inputs, mixer_inputs, segment_ids_of
@@ -69,6 +70,7 @@ def release_executables_if_needed(fraction: float = 0.5) -> bool:
     import gc
     _vjp_runner.cache_clear()
     _forward_runner.cache_clear()
+    _pieces_runner.cache_clear()
     jax.clear_caches()
     gc.collect()
     return True
@@ -252,3 +254,83 @@ def reference_forward(case, inputs=None):
 def cotangents(case):
     """The case's float64 output cotangents (one per output)."""
     return output_cotangents(case, _out_shapes(case))
+
+
+# -------------------------------------------------------------- carried state
+STATE_LEAVES = ("conv", "recurrent")
+
+
+def _time_slice(x, start: int, stop: int, seq_len: int):
+    """x [B, T, ...] cut to tokens [start, stop); a parameter without a
+    T axis (rank < 3, or a broadcast time axis of size 1) as it is."""
+    if x.ndim == 3 and x.shape[1] == seq_len and seq_len > 1:
+        return x[:, start:stop]
+    return x
+
+
+@functools.lru_cache(maxsize=None)
+def _pieces_runner(fn: Callable, static: Tuple, pieces: Tuple[int, ...], mode: str):
+    """jit((arrays, state, cts, ids) -> ((o, GDNState), (grads, d_state))):
+    the mixer called once per piece of the row, each call taking the state
+    the previous one returned; the VJP of the whole program."""
+    del mode
+    kw = dict(static)
+    seq_len = sum(pieces)
+
+    def program(arrays, state, ids):
+        x, w, a, b, a_log, dt_bias = arrays
+        outs, t0 = [], 0
+        for n in pieces:
+            cut = functools.partial(_time_slice, start=t0, stop=t0 + n, seq_len=seq_len)
+            extra = {} if ids is None else {"segment_ids": ids[:, t0:t0 + n]}
+            o, state = fn(cut(x), w, cut(a), cut(b), cut(a_log), cut(dt_bias),
+                          state=state, return_state=True, **extra, **kw)
+            outs.append(o)
+            t0 += n
+        return jnp.concatenate(outs, axis=1), state
+
+    def run(arrays, state, cts, ids):
+        out, pullback = jax.vjp(lambda arr, st: program(arr, st, ids), arrays, state)
+        o, st = out
+        cts = (cts[0].astype(o.dtype), type(st)(*(c.astype(s.dtype) for c, s in zip(cts[1], st))))
+        return out, pullback(cts)
+
+    return jax.jit(run)
+
+
+def run_pieces(fn, case: MixerCase, inputs, state, pieces, *, x64=False):
+    """The mixer `fn` on a case cut into calls of `pieces` tokens, chaining
+    the carried state from `state` ({"conv", "recurrent"} numpy). Returns
+    (outputs {"o", "conv", "recurrent"}, grads {input name, "state.conv",
+    "state.recurrent"}) as numpy, for the case's cotangents of o and of the
+    final state."""
+    names = MIXER_INPUTS
+    runner = _pieces_runner(fn, mixer_static(case), tuple(pieces), resolved_mode())
+    ids = segment_ids_of(case)
+    ct_o, ct_conv, ct_rec = state_cotangents(case)
+    cast = (lambda a: np.asarray(a, np.float64)) if x64 else np.asarray
+    ct_cast = (lambda a: np.asarray(a, np.float64)) if x64 else (lambda a: a.astype(np.float32))
+    with jax.enable_x64(x64):
+        arrays = tuple(cast(inputs[n]) for n in names)
+        st = GDNState(cast(state["conv"]), cast(state["recurrent"]))
+        cts = (ct_cast(ct_o), GDNState(ct_cast(ct_conv), ct_cast(ct_rec)))
+        (o, st_out), (grads, d_state) = runner(arrays, st, cts, ids)
+    outs = {"o": np.asarray(o), "conv": np.asarray(st_out.conv),
+            "recurrent": np.asarray(st_out.recurrent)}
+    grads = {n: np.asarray(g) for n, g in zip(names, grads)}
+    grads.update({"state.conv": np.asarray(d_state.conv),
+                  "state.recurrent": np.asarray(d_state.recurrent)})
+    return outs, grads
+
+
+def state_cotangents(case: MixerCase):
+    """float64 cotangents of o [B, T, Hv, Dv], the returned conv state
+    [B, K-1, C] and recurrent state [B, Hv, Dk, Dv]."""
+    b, t, hv = case.batch, case.seq_len, case.v_heads
+    return output_cotangents(case, [(b, t, hv, case.dv), (b, case.conv_width - 1, case.channels),
+                                    (b, hv, case.dk, case.dv)])
+
+
+def oracle_fn(op: str):
+    """The oracle's public function for op "delta" or "mixer" (impl="reference")."""
+    return _ORACLE_FNS[op]

@@ -13,7 +13,7 @@ registers them all in verification.registry.PROPERTIES.
 """
 
 # Import order is test order: parity first.
-from . import parity, eps, reduced_gradients, metamorphic, packing, stability, bad_input  # noqa: F401,I001,E501
+from . import parity, eps, reduced_gradients, metamorphic, packing, state, stability, bad_input  # noqa: F401,I001,E501
 from ..registry import PROPERTIES, PropertyFailure
 
 __all__ = ["PROPERTIES", "PropertyFailure"]

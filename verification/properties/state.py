@@ -1,0 +1,200 @@
+"""Carried state, chunked prefill and decode (docs/contract.md section 7): a
+row cut into calls that hand the GDNState on equals one call (outputs, final
+state and every gradient, the incoming state's included), decode steps are a
+recurrent path compiled once, a bfloat16 decode loop does not drift beyond
+what the same-precision reference makes, and state gradients match the
+float64 oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+
+from gdn_kernels import GDNState
+from strategies import lattice, mixer_cases
+from strategies.cases import MixerCase, replace
+from strategies.state import (DECODE_LOOP_STEPS, decode_steps, incoming_state, pieces,
+                              split_kind)
+
+from .. import runners
+from ..registry import prop
+from ..tolerance import compare_handoff, compare_to_oracle, structural_row
+from .common import dtype_of
+
+STATE_OUTPUTS = ("o", "conv", "recurrent")
+
+
+def tensor_dtype(case: MixerCase, name: str) -> str:
+    """Policy dtype of an output or gradient of run_pieces (the recurrent
+    state and its cotangent are float32; the conv state is in x's dtype)."""
+    name = name[1:] if name.startswith("d") and name != "dt_bias" else name
+    if name in ("recurrent", "state.recurrent"):
+        return "float32"
+    if name in ("conv", "state.conv", "o"):
+        return case.dtype
+    return dtype_of(case, name)
+
+
+def _splittable(geo) -> bool:
+    return lattice.seq_len(geo["length"], geo["chunk"]) >= 2
+
+
+def _no_time_params(geo) -> bool:
+    """a_log / dt_bias without a T axis (a decode loop lengthens the row)."""
+    return "T" not in geo["a_log"] and "T" not in geo["dt_bias"]
+
+
+def _rows_vs_oracle(case, cut, label, inputs, state):
+    """The pieces' outputs and gradients against the float64 oracle's one
+    call, bounded by the same-precision reference's error."""
+    oracle = runners.oracle_fn("mixer")
+    one = pieces(case, "one")
+    o_out, o_grads = runners.run_pieces(oracle, case, inputs, state, one, x64=True)
+    r_out, r_grads = runners.run_pieces(oracle, case, inputs, state, one)
+    k_out, k_grads = cut
+    rows = [compare_to_oracle(f"{n} ({label})", k_out[n], o_out[n], r_out[n],
+                              tensor_dtype(case, n)) for n in STATE_OUTPUTS]
+    rows += [compare_to_oracle("d" + n, k_grads[n], o_grads[n], r_grads[n],
+                               tensor_dtype(case, "d" + n)) for n in k_grads]
+    return rows
+
+
+def _handoff_rows(target, case: MixerCase, kind: str, label: str):
+    """Pieces vs one call of the same target (handoff bound), and the pieces
+    vs the float64 oracle."""
+    inputs, state = runners.case_inputs(case), incoming_state(case)
+    fn = runners.target_fn(target, "mixer")
+    w_out, w_grads = runners.run_pieces(fn, case, inputs, state, pieces(case, "one"))
+    cut = runners.run_pieces(fn, case, inputs, state, pieces(case, kind))
+    c_out, c_grads = cut
+    rows = [compare_handoff(f"{n} ({label} vs one call)", c_out[n], w_out[n],
+                            tensor_dtype(case, n)) for n in STATE_OUTPUTS]
+    rows += [compare_handoff(f"d{n} ({label} vs one call)", c_grads[n], w_grads[n],
+                             tensor_dtype(case, "d" + n)) for n in c_grads]
+    return rows + _rows_vs_oracle(case, cut, label, inputs, state)
+
+
+SPLIT_COVERS = {kind: (lambda c, kind=kind: split_kind(c) == kind)
+                for kind in ("T1=1", "T1<K-1", "T1=C", "T2=1")}
+
+
+@prop("mixer_split_invariance", family="state", strategy=mixer_cases(where=_splittable),
+      wrong_target="gdn_mutant_conv_state_from_outputs:xla",
+      covers={**SPLIT_COVERS, "bfloat16": lambda c: c.dtype == "bfloat16",
+              "K=4": lambda c: c.conv_width == 4})
+def mixer_split_invariance(target, case: MixerCase):
+    """Two calls x[:, :T1], x[:, T1:] chaining the GDNState equal one call:
+    outputs, final conv and recurrent state, and the gradient of one loss
+    over both calls (inputs and incoming state); both match the oracle."""
+    t1 = pieces(case, "split")[0]
+    return _handoff_rows(target, case, "split", f"split {t1}+{case.seq_len - t1}")
+
+
+def _near_zero_on_decode_tokens(case: MixerCase) -> MixerCase:
+    """The case with its (near-)zero q/k rows moved onto the decode tokens,
+    so that the single-token calls normalise near-zero rows."""
+    n, t = decode_steps(case), case.seq_len
+    rows = tuple(dataclasses.replace(r, token=t - 1 - i % n)
+                 for i, r in enumerate(case.near_zero))
+    return replace(case, near_zero=rows)
+
+
+@prop("prompt_then_decode", family="state",
+      strategy=mixer_cases(where=_splittable, near_zero=True),
+      wrong_target="gdn_mutant_decode_without_decay:xla",
+      covers={"bfloat16": lambda c: c.dtype == "bfloat16",
+              "several decode steps": lambda c: decode_steps(c) >= 3,
+              "exact-zero row": lambda c: any(r.magnitude == 0 for r in c.near_zero),
+              "tiny row": lambda c: any(r.magnitude > 0 for r in c.near_zero)})
+def prompt_then_decode(target, case: MixerCase):
+    """A prompt of T-N tokens then N single-token calls (decode steps, with
+    near-zero q/k rows among them) equal one call over all T tokens, and
+    match the oracle."""
+    case = _near_zero_on_decode_tokens(case)
+    return _handoff_rows(target, case, "decode", f"prompt {case.seq_len - decode_steps(case)}"
+                         f" + {decode_steps(case)} steps")
+
+
+@prop("state_gradient_parity", family="state",
+      strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
+      wrong_target="gdn_mutant_incoming_state_gradient_dropped:xla",
+      covers={"packed": lambda c: bool(c.segments), "bfloat16": lambda c: c.dtype == "bfloat16",
+              "T=1": lambda c: c.seq_len == 1, "T=C+1 or longer": lambda c: c.seq_len > c.chunk})
+def state_gradient_parity(target, case: MixerCase):
+    """One call from a non-zero incoming GDNState, with cotangents on o and
+    on the returned state: outputs, returned state and the gradients of
+    every input and of state.conv / state.recurrent match the float64
+    oracle (packed rows included: only the first document continues it)."""
+    inputs, state = runners.case_inputs(case), incoming_state(case)
+    cut = runners.run_pieces(runners.target_fn(target, "mixer"), case, inputs, state,
+                             pieces(case, "one"))
+    return _rows_vs_oracle(case, cut, "one call", inputs, state)
+
+
+# ------------------------------------------------------------ decode loops
+
+def decode_loop(target, case: MixerCase, steps: int):
+    """A prompt call over the case's T tokens, then `steps` single-token
+    calls from Python as a serving loop makes them (public API, each call
+    feeding the returned state back). Returns (o [B, T+steps, Hv, Dv],
+    final GDNState, the long case, its inputs, compiles after the first
+    decode step)."""
+    long = replace(case, seq_len=case.seq_len + steps, near_zero=())
+    inputs, state = runners.case_inputs(long), incoming_state(case)
+    kw = dict(runners.mixer_static(case))
+    fn = runners.target_fn(target, "mixer")
+    arr = {n: jnp.asarray(v) for n, v in inputs.items()}
+    st_ = GDNState(jnp.asarray(state["conv"]), jnp.asarray(state["recurrent"]))
+    t = case.seq_len
+
+    def call(t0, t1, s):
+        return fn(arr["x"][:, t0:t1], arr["conv_weight"], arr["a"][:, t0:t1],
+                  arr["b"][:, t0:t1], arr["a_log"], arr["dt_bias"], state=s,
+                  return_state=True, **kw)
+
+    o, st_ = call(0, t, st_)
+    outs, compiles_after_first = [o], None
+    for i in range(steps):
+        o, st_ = call(t + i, t + i + 1, st_)
+        outs.append(o)
+        if i == 0:
+            compiles_after_first = runners.compile_count()
+    extra = runners.compile_count() - compiles_after_first
+    return (np.concatenate([np.asarray(u) for u in outs], axis=1), st_, long, inputs,
+            state, extra)
+
+
+def _decode_case(geo) -> bool:
+    return _no_time_params(geo) and geo["dtypes"] == ("bfloat16", "float32")
+
+
+@prop("decode_drift", family="state", strategy=mixer_cases(where=_decode_case),
+      wrong_target="gdn_mutant_state_downcast_between_calls:xla", weight=0.3,
+      covers={"strong decay": lambda c: c.gate_regime == "strong_decay"})
+def decode_drift(target, case: MixerCase):
+    """bfloat16 activations, float32 state: a prompt then 256 decode steps
+    stay within the bound the same-precision reference makes against the
+    float64 oracle over the whole row (outputs and final state)."""
+    o, st_, long, inputs, state, _ = decode_loop(target, case, DECODE_LOOP_STEPS)
+    oracle = runners.oracle_fn("mixer")
+    one = pieces(long, "one")
+    o_out, _ = runners.run_pieces(oracle, long, inputs, state, one, x64=True)
+    r_out, _ = runners.run_pieces(oracle, long, inputs, state, one)
+    kernel = {"o": o, "conv": np.asarray(st_.conv), "recurrent": np.asarray(st_.recurrent)}
+    label = f"{DECODE_LOOP_STEPS} decode steps"
+    return [compare_to_oracle(f"{n} ({label})", kernel[n], o_out[n], r_out[n],
+                              tensor_dtype(long, n)) for n in STATE_OUTPUTS]
+
+
+@prop("decode_compiles_once", family="state",
+      strategy=mixer_cases(where=_no_time_params, near_zero=False),
+      wrong_target="verification.wrong_targets.recompiling_decode", weight=0.2)
+def decode_compiles_once(target, case: MixerCase):
+    """A decode loop of 256 single-token calls compiles nothing after its
+    first step: one program serves every step of a shape."""
+    *_, extra = decode_loop(target, case, DECODE_LOOP_STEPS)
+    return [structural_row(f"compiles in decode steps 2..{DECODE_LOOP_STEPS}", extra == 0,
+                           f"{extra} compiles after the first decode step")]
