@@ -45,14 +45,13 @@ max |one pass|) of the outputs and of both parts of the final state.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 import os
 import statistics
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -327,7 +326,8 @@ def _ratio(num: dict, den: dict, label: str) -> dict:
     row = {"label": label}
     if num.get("status") != "ok" or den.get("status") != "ok":
         row["time"] = None
-        row["note"] = f"{num.get('entry')} {num.get('status')}, {den.get('entry')} {den.get('status')}"
+        row["note"] = (f"{num.get('entry')} {num.get('status')}, "
+                       f"{den.get('entry')} {den.get('status')}")
         return row
     row["time"] = num["median_s"] / den["median_s"]
     row["min time"] = num["min_s"] / den["min_s"]

@@ -1,4 +1,4 @@
-"""A foreign target: the contract (sections 1-6) as a token-by-token scan in
+"""A foreign target: the contract (sections 1-7) as a token-by-token scan in
 float32 with plain JAX autodiff (no custom_vjp), written independently of
 gdn_kernels' kernel math (only its input validation is reused).
 
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from gdn_kernels import validation
+from gdn_kernels import GDNState, validation
 
 F32 = jnp.float32
 HIGHEST = lax.Precision.HIGHEST
@@ -140,10 +140,11 @@ def packed_scan(q, k, v, g, beta, s0, scale, real, start):
     return jnp.swapaxes(o, 0, 1), s_last
 
 
-def packed_causal_conv_silu(x, w, real, start):
+def packed_causal_conv_silu(x, w, real, start, hist0):
     """causal_conv_silu on packed rows, as a scan carrying the last K-1 real
-    inputs of the current document: padding neither reads nor shifts the
-    history (its y is 0); a document start clears it."""
+    inputs of the current document from hist0 [B, K-1, C]: padding neither
+    reads nor shifts the history (its y is 0); a document start clears it.
+    Returns (y, the history after the row)."""
     width = w.shape[0]
     x = keep_real(x, real)
 
@@ -155,19 +156,20 @@ def packed_causal_conv_silu(x, w, real, start):
         y_t = jnp.where(real_t[:, None], pre * jax.nn.sigmoid(pre), jnp.zeros((), pre.dtype))
         return jnp.where(real_t[:, None, None], window[:, 1:], hist), y_t
 
-    hist0 = jnp.zeros((x.shape[0], width - 1, x.shape[2]), x.dtype)
-    _, y = lax.scan(step, hist0, [jnp.swapaxes(a, 0, 1) for a in (x, real, start)])
-    return jnp.swapaxes(y, 0, 1)
+    hist, y = lax.scan(step, hist0, [jnp.swapaxes(a, 0, 1) for a in (x, real, start)])
+    return jnp.swapaxes(y, 0, 1), hist
 
 
-def packed_mixer(x, conv_weight, a, b, a_log, dt_bias, ids, hk, hv, dk, dv, use_qk_norm,
-                 eps, scale):
-    """mixer() on packed rows (inputs already float32). Every per-token
-    input, the broadcast gate parameters included, is zeroed at padding by
-    a select before use, so padding cotangents are exactly 0."""
+def packed_mixer(x, conv_weight, a, b, a_log, dt_bias, ids, hist0, s0, hk, hv, dk, dv,
+                 use_qk_norm, eps, scale):
+    """mixer() on packed rows (inputs already float32) from the carried conv
+    history hist0 [B, K-1, C] and state s0 [B, Hv, Dk, Dv] (section 7).
+    Every per-token input, the broadcast gate parameters included, is
+    zeroed at padding by a select before use, so padding cotangents are
+    exactly 0. Returns (o, conv history, state) after the row."""
     bsz, t, _ = x.shape
     real, start = packing_masks(ids)
-    y = packed_causal_conv_silu(x, conv_weight, real, start)
+    y, hist = packed_causal_conv_silu(x, conv_weight, real, start, hist0)
     q = y[..., :hk * dk].reshape(bsz, t, hk, dk)
     k = y[..., hk * dk:2 * hk * dk].reshape(bsz, t, hk, dk)
     v = y[..., 2 * hk * dk:].reshape(bsz, t, hv, dv)
@@ -177,8 +179,8 @@ def packed_mixer(x, conv_weight, a, b, a_log, dt_bias, ids, hk, hv, dk, dv, use_
     dt_bias3 = keep_real(jnp.broadcast_to(as_rank3(dt_bias), a.shape), real)
     g = -jnp.exp(a_log3) * jax.nn.softplus(keep_real(a, real) + dt_bias3)
     beta = jax.nn.sigmoid(keep_real(b, real))
-    return packed_scan(q, k, v, g, beta, jnp.zeros((bsz, hv, dk, dv), F32), scale,
-                       real, start)[0]
+    o, s_last = packed_scan(q, k, v, g, beta, s0, scale, real, start)
+    return o, hist, s_last
 
 
 # ------------------------------------------------------------------ jitted entry points
@@ -199,13 +201,25 @@ def _delta_jit(scale):
 
 @functools.lru_cache(maxsize=None)
 def _mixer_jit(static):
-    def run(x, conv_weight, a, b, a_log, dt_bias, ids):
-        if ids is None:
-            o = mixer(*_f32(x, conv_weight, a, b, a_log, dt_bias), *static)
+    """(o, GDNState or None): carried state (section 7) runs the packed scans
+    (all-ones ids when segment_ids is None), which carry the conv history."""
+    hk, hv, dk, dv = static[:4]
+
+    def run(x, conv_weight, a, b, a_log, dt_bias, ids, state, return_state):
+        if ids is None and state is None and not return_state:
+            return mixer(*_f32(x, conv_weight, a, b, a_log, dt_bias), *static).astype(x.dtype), None
+        bsz, _, c = x.shape
+        if state is None:
+            hist0 = jnp.zeros((bsz, conv_weight.shape[0] - 1, c), F32)
+            s0 = jnp.zeros((bsz, hv, dk, dv), F32)
         else:
-            o = packed_mixer(*_f32(x, conv_weight, a, b, a_log, dt_bias), ids, *static)
-        return o.astype(x.dtype)
-    return jax.jit(run)
+            hist0, s0 = _f32(state.conv, state.recurrent)
+        ids = jnp.ones(x.shape[:2], jnp.int32) if ids is None else ids
+        o, hist, s_last = packed_mixer(*_f32(x, conv_weight, a, b, a_log, dt_bias), ids,
+                                       hist0, s0, *static)
+        rec_dtype = jnp.promote_types(F32, x.dtype)
+        return o.astype(x.dtype), GDNState(hist.astype(x.dtype), s_last.astype(rec_dtype))
+    return jax.jit(run, static_argnums=(8,))
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
@@ -223,14 +237,21 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, num_v_heads,
                          head_k_dim, head_v_dim, use_qk_norm=True, eps=1e-6, scale=None,
-                         segment_ids=None, chunk_size=64, impl=None, accept_float64=False):
+                         segment_ids=None, chunk_size=64, impl=None, state=None,
+                         return_state=False, accept_float64=False):
     validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
                               head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size,
                               impl or "reference",   # any valid impl: always the scan
-                              segment_ids=segment_ids)
+                              segment_ids=segment_ids, state=state,
+                              return_state=return_state)
     if not accept_float64:
-        reject_float64(x=x, conv_weight=conv_weight, a=a, b=b, a_log=a_log, dt_bias=dt_bias)
+        reject_float64(x=x, conv_weight=conv_weight, a=a, b=b, a_log=a_log, dt_bias=dt_bias,
+                       **({} if state is None else {"state.conv": state.conv,
+                                                    "state.recurrent": state.recurrent}))
     scale = float(head_k_dim ** -0.5 if scale is None else scale)
     static = (int(num_k_heads), int(num_v_heads), int(head_k_dim), int(head_v_dim),
               bool(use_qk_norm), float(eps), scale)
-    return _mixer_jit(static)(x, conv_weight, a, b, a_log, dt_bias, segment_ids)
+    state = None if state is None else GDNState(*state)
+    o, new_state = _mixer_jit(static)(x, conv_weight, a, b, a_log, dt_bias, segment_ids,
+                                      state, bool(return_state))
+    return (o, new_state) if return_state else o

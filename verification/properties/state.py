@@ -140,8 +140,8 @@ def decode_loop(target, case: MixerCase, steps: int):
     """A prompt call over the case's T tokens, then `steps` single-token
     calls from Python as a serving loop makes them (public API, each call
     feeding the returned state back). Returns (o [B, T+steps, Hv, Dv],
-    final GDNState, the long case, its inputs, compiles after the first
-    decode step)."""
+    final GDNState, the long case, its inputs, the incoming state, compiles
+    after the first decode step)."""
     long = replace(case, seq_len=case.seq_len + steps, near_zero=())
     inputs, state = runners.case_inputs(long), incoming_state(case)
     kw = dict(runners.mixer_static(case))
@@ -191,7 +191,8 @@ def decode_drift(target, case: MixerCase):
 
 @prop("decode_compiles_once", family="state",
       strategy=mixer_cases(where=_no_time_params, near_zero=False),
-      wrong_target="verification.wrong_targets.recompiling_decode", weight=0.2)
+      wrong_target="verification.wrong_targets.recompiling_decode", weight=0.2,
+      covers={"bfloat16": lambda c: c.dtype == "bfloat16", "GVA": lambda c: c.group > 1})
 def decode_compiles_once(target, case: MixerCase):
     """A decode loop of 256 single-token calls compiles nothing after its
     first step: one program serves every step of a shape."""
