@@ -106,6 +106,7 @@ def _mixer_pieces(size, chunk, repeats, ids_real):
     seg = jax.block_until_ready(jax.jit(segments.from_ids)(ids))
     win = jax.block_until_ready(j_seg(ids))
     _, pre = conv1d.conv1d_silu_forward(x, w)
+    hist = jnp.zeros((x.shape[0], width - 1, x.shape[2]), x.dtype)   # no carried state
     dy = jnp.asarray(np.random.default_rng(1).standard_normal(x.shape, np.float32))
     entries = {
         "Segments+ConvWindows": (j_seg, (ids,)),
@@ -113,17 +114,20 @@ def _mixer_pieces(size, chunk, repeats, ids_real):
         "to_compact (gather)": (jax.jit(segments.to_compact), (x, win, seg.pad)),
         "from_compact (gather)": (jax.jit(segments.from_compact), (x, win, seg.pad)),
         "zero_padding [B,T,Hv,Dv]": (jax.jit(segments.zero_padding), (seg.pad, do)),
-        "conv fwd unpacked": (jax.jit(lambda x, w: mixer_mod._conv_forward(x, w, None, None)),
-                              (x, w)),
-        "conv fwd packed": (jax.jit(mixer_mod._conv_forward), (x, w, seg, win)),
+        "conv fwd unpacked": (jax.jit(lambda x, w: mixer_mod._conv_forward(
+            mixer_mod._extended_input(x, hist, None, None), w, None, None)), (x, w)),
+        "conv fwd packed": (jax.jit(lambda x, w, seg, win: mixer_mod._conv_forward(
+            mixer_mod._extended_input(x, hist, seg, win), w, seg, win)), (x, w, seg, win)),
         "conv bwd unpacked": (jax.jit(lambda x, w, p, d: mixer_mod._conv_backward(
-            x, w, p, d, None, None)), (x, w, pre, dy)),
-        "conv bwd packed": (jax.jit(mixer_mod._conv_backward), (x, w, pre, dy, seg, win)),
-        "prologue unpacked": (jax.jit(lambda *p: mixer_mod.prologue(cfg, *p)),
+            mixer_mod._extended_input(x, hist, None, None), w, p, d, hist, None, None)),
+            (x, w, pre, dy)),
+        "conv bwd packed": (jax.jit(lambda x, w, p, d, seg, win: mixer_mod._conv_backward(
+            mixer_mod._extended_input(x, hist, seg, win), w, p, d, hist, seg, win)),
+            (x, w, pre, dy, seg, win)),
+        "prologue unpacked": (jax.jit(lambda *p: mixer_mod.prologue_of(cfg, *p)),
                               (x, w, a, b, a_log, dt_bias)),
-        "prologue packed (+windows)": (jax.jit(lambda x, w, a, b, al, dt, i: mixer_mod.prologue(
-            cfg, x, w, a, b, al, dt, segments.from_ids(i),
-            segments.conv_windows(segments.from_ids(i), width))),
+        "prologue packed (+windows)": (jax.jit(lambda x, w, a, b, al, dt, i: mixer_mod.prologue_of(
+            cfg, x, w, a, b, al, dt, segments.from_ids(i))),
             (x, w, a, b, a_log, dt_bias, ids)),
     }
     _print_times(_median_interleaved(entries, repeats))

@@ -7,7 +7,7 @@ impls   reference     public API, impl="reference": token scan, plain jax.grad
         xla           public API, impl="xla": chunked, hand-written custom VJP
         xla-autodiff  gdn_kernels.xla_impl.forward differentiated by plain
                       jax.grad (no custom_vjp): the baseline the VJP must beat.
-                      For the mixer: mixer.prologue + xla_impl.forward.
+                      For the mixer: mixer.prologue_of + xla_impl.forward.
         pallas        public API, impl="pallas" (interpret mode on CPU,
                       compiled on TPU; not runnable on GPU)
 modes   fwd           the forward outputs
@@ -309,7 +309,7 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int,
                                         scale=float(s.Dk ** -0.5), chunk_size=chunk)
 
             def fwd(x, w, a, b, a_log, dt_bias):
-                pro = mixer_mod.prologue(cfg, x, w, a, b, a_log, dt_bias)
+                pro = mixer_mod.prologue_of(cfg, x, w, a, b, a_log, dt_bias)
                 s0 = jnp.zeros((s.B, s.Hv, s.Dk, s.Dv), pro.v.dtype)
                 o, _, _ = xla_impl.forward(pro.q, pro.k, pro.v, pro.g, pro.beta, s0,
                                            cfg.scale, chunk)

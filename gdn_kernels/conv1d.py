@@ -73,9 +73,3 @@ def conv1d_backward(x, weight, dpre, valid=None):
         dx = dx + weight[j] * shift(dpre_j, -s)
         dw.append(jnp.sum(dpre_j * shift(x, s), axis=(0, 1)))
     return dx, jnp.stack(dw, axis=0)
-
-
-def conv1d_silu_backward(x, weight, pre, dy):
-    """Cotangents of x [B, T, C] and weight [K, C] given dy [B, T, C]:
-    dpre = dy * silu'(pre), then conv1d_backward."""
-    return conv1d_backward(x, weight, dy * silu_grad(pre))

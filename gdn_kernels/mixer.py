@@ -169,6 +169,13 @@ def _inputs(cfg, x, conv_weight, seg, state):
     return ext, win, s_in
 
 
+def prologue_of(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None,
+                state=None) -> Prologue:
+    """The Prologue of one call from its public inputs (x [B, T, C], ...)."""
+    ext, win, _ = _inputs(cfg, x, conv_weight, seg, state)
+    return prologue(cfg, ext, conv_weight, a, b, a_log, dt_bias, seg, win)
+
+
 def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state):
     ext, win, s_in = _inputs(cfg, x, conv_weight, seg, state)
     pro = prologue(cfg, ext, conv_weight, a, b, a_log, dt_bias, seg, win)
