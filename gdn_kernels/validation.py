@@ -209,7 +209,7 @@ def validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_head
         _check_param_dtype(name, p, x.dtype)
     check_segment_ids(segment_ids, bsz, t)
     if not isinstance(return_state, (bool, np.bool_)):
-        raise TypeError(f"return_state must be a bool, got {return_state!r}")
+        raise ValueError(f"return_state must be a bool, got {return_state!r}")
     check_state(state, x, conv_weight.shape[0], hv, head_k_dim, head_v_dim)
 
 

@@ -10,6 +10,7 @@ from typing import Callable, Dict
 
 import numpy as np
 
+from gdn_kernels import GDNState
 from strategies import mixer_cases
 from strategies.cases import MixerCase
 from strategies.inputs import mixer_inputs
@@ -120,8 +121,32 @@ def violations(target, case: MixerCase) -> Dict[Violation, Callable]:
             _delta_call(target, d, initial_state=np.zeros((b, hv, case.dv, case.dk + 1), np.float32), chunk_size=case.chunk),
         Violation("chunk_size not int", "chunk_size", ValueError):
             _delta_call(target, d, chunk_size=32.0),
+        **_state_violations(target, case, m, kw),
     }
     return out
+
+
+def _state_violations(target, case: MixerCase, m, kw) -> Dict[Violation, Callable]:
+    """Carried-state violations (docs/contract.md section 7)."""
+    b, hv, dk, dv = case.batch, case.v_heads, case.dk, case.dv
+    conv = np.zeros((b, case.conv_width - 1, case.channels), m["x"].dtype)
+    rec = np.zeros((b, hv, dk, dv), np.float32)
+    rec_bad = (b, hv, dv, dk) if dk != dv else (b, hv, dk, dv + 1)
+    return {
+        Violation("state a dict", "state", TypeError):
+            _mixer_call(target, m, state={"conv": conv, "recurrent": rec}, **kw),
+        Violation("state.conv K off by one", "state.conv", ValueError):
+            _mixer_call(target, m, state=GDNState(np.concatenate([conv, conv[:, :1]], 1), rec),
+                        **kw),
+        Violation("state.conv integer", "state.conv", TypeError):
+            _mixer_call(target, m, state=GDNState(conv.astype(np.int32), rec), **kw),
+        Violation("state.recurrent Dk, Dv swapped", "state.recurrent", ValueError):
+            _mixer_call(target, m, state=GDNState(conv, np.zeros(rec_bad, np.float32)), **kw),
+        Violation("state.recurrent batch", "state.recurrent", ValueError):
+            _mixer_call(target, m, state=GDNState(conv, np.concatenate([rec, rec], 0)), **kw),
+        Violation("return_state not a bool", "return_state", ValueError):
+            _mixer_call(target, m, return_state="yes", **kw),
+    }
 
 
 @prop("bad_input_raises_named_error", family="bad_input", strategy=mixer_cases(near_zero=False),

@@ -22,4 +22,4 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, n
     cfg = MixerConfig(impl=impl, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
                       head_k_dim=head_k_dim, head_v_dim=head_v_dim, use_qk_norm=use_qk_norm,
                       eps=eps, scale=float(scale or head_k_dim ** -0.5), chunk_size=int(chunk_size))
-    return gdn_mixer(cfg, x, conv_weight, a, b, a_log, dt_bias)
+    return gdn_mixer(cfg, x, conv_weight, a, b, a_log, dt_bias)[0]   # (o, GDNState)
