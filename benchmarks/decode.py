@@ -624,7 +624,7 @@ def run(cfg: DecodeConfig, log: Callable[[str], None] = print) -> dict:
 
 # ---------------------------------------------------------------- markdown
 def _tok(x):
-    return "" if x is None else f"{x * 1e3:.3g}" if x < 0.1 else f"{x * 1e3:.1f}"
+    return "" if x is None else f"{x * 1e3:.3f}" if x < 0.01 else f"{x * 1e3:.1f}"
 
 
 def _ms(x):
