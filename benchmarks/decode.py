@@ -226,30 +226,28 @@ class Entry:
         outs = [] if keep else None
         o = None
         if self.name == BASELINE:
-            f, conv, rec = self._plain, inp.conv0, inp.rec0
-            for t in range(n):
-                x, a, b = inp.tokens[t % len(inp.tokens)]
-                o, conv, rec = f(x, w, a, b, a_log, dt_bias, conv, rec)
-                if sync == "step":
-                    o.block_until_ready()
-                if keep:
-                    outs.append(o)
-                if on_step is not None:
-                    on_step(t)
+            plain, state = self._plain, (inp.conv0, inp.rec0)
+
+            def step(x, a, b, state):
+                o, conv, rec = plain(x, w, a, b, a_log, dt_bias, *state)
+                return o, (conv, rec)
         else:
             op, impl, heads = gdn_kernels.gdn_decoupled_conv1d, self.name, self._heads
-            st = self._state_cls(inp.conv0, inp.rec0)
-            for t in range(n):
-                x, a, b = inp.tokens[t % len(inp.tokens)]
-                o, st = op(x, w, a, b, a_log, dt_bias, **heads, chunk_size=self.chunk,
-                           impl=impl, state=st, return_state=True)
-                if sync == "step":
-                    o.block_until_ready()
-                if keep:
-                    outs.append(o)
-                if on_step is not None:
-                    on_step(t)
-            conv, rec = st.conv, st.recurrent
+            state = self._state_cls(inp.conv0, inp.rec0)
+
+            def step(x, a, b, state):
+                return op(x, w, a, b, a_log, dt_bias, **heads, chunk_size=self.chunk,
+                          impl=impl, state=state, return_state=True)
+        for t in range(n):
+            x, a, b = inp.tokens[t % len(inp.tokens)]
+            o, state = step(x, a, b, state)
+            if sync == "step":
+                o.block_until_ready()
+            if keep:
+                outs.append(o)
+            if on_step is not None:
+                on_step(t)
+        conv, rec = state
         jax.block_until_ready((o, conv, rec))
         return conv, rec, outs
 

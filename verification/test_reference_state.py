@@ -23,6 +23,8 @@ import pytest
 from gdn_kernels import reference
 from gdn_kernels.state import GDNState
 
+from .test_reference_segments import documents  # the literal deletion, section 6
+
 B, T = 2, 9
 DIMS = (2, 4, 3, 2)                 # Hk, Hv, Dk, Dv: grouped heads (G = 2), Dk != Dv
 SCALE, EPS = 0.7, 1e-6
@@ -110,20 +112,6 @@ def split_call(args, state, t1, ids=None, **kw):
 
 
 # ------------------------------------------------- the literal definition
-def documents(row_ids):
-    """Index lists of a row's documents (section 6): padding deleted, then
-    cut wherever the id changes between consecutive remaining tokens."""
-    docs, prev = [], None
-    for t, i in enumerate(row_ids):
-        if i == 0:
-            continue
-        if i != prev:
-            docs.append([])
-        docs[-1].append(t)
-        prev = i
-    return docs
-
-
 def _per_token(p, t, hv):
     """Gate parameter [Hv], [B', Hv] or [B', T', Hv] -> [B, T, Hv] (section 2)."""
     p = p[None, None] if p.ndim == 1 else (p[:, None] if p.ndim == 2 else p)
