@@ -33,11 +33,18 @@ class Residuals(NamedTuple):
 def delta_step(s, q_t, k_t, v_t, g_t, beta_t, scale):
     """One token: decay, delta-rule write, read. s [B, H, Dk, Dv];
     q_t, k_t [B, H, Dk]; v_t [B, H, Dv]; g_t, beta_t [B, H].
-    Returns (new state, o_t [B, H, Dv])."""
-    s = jnp.exp(g_t)[..., None, None] * s
-    error = v_t - jnp.einsum("bhkv,bhk->bhv", s, k_t)
-    s = s + jnp.einsum("bhk,bhv->bhkv", k_t, beta_t[..., None] * error)
-    return s, scale * jnp.einsum("bhkv,bhk->bhv", s, q_t)
+    Returns (new state, o_t [B, H, Dv]).
+
+    A step is memory-bound (the state is the big operand), so the state is
+    read once for both of its products and once more for the update:
+      S' = e^g S + k u^T,  u = beta (v - e^g S^T k)
+      o  = scale S'^T q = scale (e^g S^T q + (k . q) u)."""
+    decay = jnp.exp(g_t)[..., None]                                   # [B, H, 1]
+    reads = jnp.einsum("bhkv,bhnk->bhnv", s, jnp.stack([k_t, q_t], axis=2))
+    u = beta_t[..., None] * (v_t - decay * reads[:, :, 0])
+    s = decay[..., None] * s + jnp.einsum("bhk,bhv->bhkv", k_t, u)
+    o = scale * (decay * reads[:, :, 1] + jnp.sum(k_t * q_t, axis=-1, keepdims=True) * u)
+    return s, o
 
 
 def _run(q, k, v, g, beta, s0, scale, start):
