@@ -180,3 +180,31 @@ def test_lowers_for_tpu(op, grad, dtype, packed, monkeypatch):
     else:
         assert names == ["gdn_chunk_forward"]
         assert len(calls) == 1
+
+
+@pytest.mark.parametrize("seq_len", [100, 1], ids=["prefill", "decode"])
+def test_mixer_with_carried_state_lowers_for_tpu(seq_len, monkeypatch):
+    """The mixer's gradient through an incoming GDNState (and a cotangent
+    on the returned one) lowers for TPU: a prefill call through both Pallas
+    kernels, a decode call (T = 1, the recurrent path) through none."""
+    monkeypatch.setenv(interpret.ENV_VAR, "off")
+    s = jax.ShapeDtypeStruct
+    b, hk, hv, dk, dv, width = 2, 1, 2, 32, 64, 4
+    ch = 2 * hk * dk + hv * dv
+    args = (s((b, seq_len, ch), jnp.bfloat16), s((width, ch), jnp.float32),
+            s((b, seq_len, hv), jnp.bfloat16), s((b, seq_len, hv), jnp.bfloat16),
+            s((hv,), jnp.float32), s((b, hv), jnp.float32),
+            gk.GDNState(s((b, width - 1, ch), jnp.bfloat16), s((b, hv, dk, dv), jnp.float32)))
+
+    def loss(x, w, a, bb, a_log, dt_bias, state):
+        o, new = gk.gdn_decoupled_conv1d(x, w, a, bb, a_log, dt_bias, num_k_heads=hk,
+                                         num_v_heads=hv, head_k_dim=dk, head_v_dim=dv,
+                                         chunk_size=32, state=state, return_state=True)
+        return (jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(new.recurrent ** 2)
+                + jnp.sum(new.conv.astype(jnp.float32)))
+
+    text = (jax.jit(jax.grad(loss, argnums=(0, 6))).trace(*args)
+            .lower(lowering_platforms=("tpu",)).as_text())
+    names = re.findall(r'kernel_name = "(gdn_chunk_\w+)"', text)
+    expected = ["gdn_chunk_backward", "gdn_chunk_forward"] if seq_len > 4 else []
+    assert sorted(names) == expected
