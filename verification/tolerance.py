@@ -58,6 +58,8 @@ class DtypeTolerance:
         grid falls (and the decode path's token steps) changes summation
         order. float32 2e-6 relative (docs/contract.md section 7, issue
         acceptance; measured worst ~2e-7); bfloat16 one output rounding.
+        Not for parameter gradients summed over tokens (cancellation): those
+        take self_bound (verification/properties/state.py).
     twin: gdn_kernels' Pallas kernels vs their XLA twin: the same chunk_math
         functions compiled differently by XLA:CPU (one chunk per grid step
         vs all chunks vmapped), so only summation-order differences of the

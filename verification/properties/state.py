@@ -21,10 +21,16 @@ from strategies.state import (DECODE_LOOP_STEPS, decode_steps, incoming_state, p
 
 from .. import runners
 from ..registry import prop
-from ..tolerance import compare_handoff, compare_to_oracle, structural_row
+from ..tolerance import compare_handoff, compare_self, compare_to_oracle, structural_row
 from .common import dtype_of
 
 STATE_OUTPUTS = ("o", "conv", "recurrent")
+# Gradients summed over tokens: their terms cancel, so the summation order a
+# split changes moves them by more than their terms' rounding (measured
+# 2.0e-6 relative on ddt_bias of a correct split, at the handoff bound); they
+# are judged by the metamorphic kernel-vs-kernel bound (tolerance.DTYPES
+# self_bound), every other tensor by the handoff bound.
+REDUCED_GRADIENTS = ("conv_weight", "a_log", "dt_bias")
 
 
 def tensor_dtype(case: MixerCase, name: str) -> str:
@@ -72,8 +78,10 @@ def _handoff_rows(target, case: MixerCase, kind: str, label: str):
     c_out, c_grads = cut
     rows = [compare_handoff(f"{n} ({label} vs one call)", c_out[n], w_out[n],
                             tensor_dtype(case, n)) for n in STATE_OUTPUTS]
-    rows += [compare_handoff(f"d{n} ({label} vs one call)", c_grads[n], w_grads[n],
-                             tensor_dtype(case, "d" + n)) for n in c_grads]
+    for n in c_grads:
+        compare = compare_self if n in REDUCED_GRADIENTS else compare_handoff
+        rows.append(compare(f"d{n} ({label} vs one call)", c_grads[n], w_grads[n],
+                            tensor_dtype(case, "d" + n)))
     return rows + _rows_vs_oracle(case, cut, label, inputs, state)
 
 
@@ -81,8 +89,12 @@ SPLIT_COVERS = {kind: (lambda c, kind=kind: split_kind(c) == kind)
                 for kind in ("T1=1", "T1<K-1", "T1=C", "T2=1")}
 
 
+# Weights: each example runs four programs (the pieces and one call of the
+# target, the float64 oracle, the same-precision reference), and a new split
+# is a new program; half the profile's examples keep the state family's
+# share of the gate's time near the packing family's.
 @prop("mixer_split_invariance", family="state", strategy=mixer_cases(where=_splittable),
-      wrong_target="gdn_mutant_conv_state_from_outputs:xla",
+      wrong_target="gdn_mutant_conv_state_from_outputs:xla", weight=0.5,
       covers={**SPLIT_COVERS, "bfloat16": lambda c: c.dtype == "bfloat16",
               "K=4": lambda c: c.conv_width == 4})
 def mixer_split_invariance(target, case: MixerCase):
@@ -104,7 +116,7 @@ def _near_zero_on_decode_tokens(case: MixerCase) -> MixerCase:
 
 @prop("prompt_then_decode", family="state",
       strategy=mixer_cases(where=_splittable, near_zero=True),
-      wrong_target="gdn_mutant_decode_without_decay:xla",
+      wrong_target="gdn_mutant_decode_without_decay:xla", weight=0.5,
       covers={"bfloat16": lambda c: c.dtype == "bfloat16",
               "several decode steps": lambda c: decode_steps(c) >= 3,
               "exact-zero row": lambda c: any(r.magnitude == 0 for r in c.near_zero),
@@ -120,7 +132,7 @@ def prompt_then_decode(target, case: MixerCase):
 
 @prop("state_gradient_parity", family="state",
       strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
-      wrong_target="gdn_mutant_incoming_state_gradient_dropped:xla",
+      wrong_target="gdn_mutant_incoming_state_gradient_dropped:xla", weight=0.5,
       covers={"packed": lambda c: bool(c.segments), "bfloat16": lambda c: c.dtype == "bfloat16",
               "T=1": lambda c: c.seq_len == 1, "T=C+1 or longer": lambda c: c.seq_len > c.chunk})
 def state_gradient_parity(target, case: MixerCase):
@@ -172,7 +184,7 @@ def _decode_case(geo) -> bool:
 
 
 @prop("decode_drift", family="state", strategy=mixer_cases(where=_decode_case),
-      wrong_target="gdn_mutant_state_downcast_between_calls:xla", weight=0.3,
+      wrong_target="gdn_mutant_state_downcast_between_calls:xla", weight=0.15,
       covers={"strong decay": lambda c: c.gate_regime == "strong_decay"})
 def decode_drift(target, case: MixerCase):
     """bfloat16 activations, float32 state: a prompt then 256 decode steps
@@ -191,7 +203,7 @@ def decode_drift(target, case: MixerCase):
 
 @prop("decode_compiles_once", family="state",
       strategy=mixer_cases(where=_no_time_params, near_zero=False),
-      wrong_target="verification.wrong_targets.recompiling_decode", weight=0.2,
+      wrong_target="verification.wrong_targets.recompiling_decode", weight=0.1,
       covers={"bfloat16": lambda c: c.dtype == "bfloat16", "GVA": lambda c: c.group > 1})
 def decode_compiles_once(target, case: MixerCase):
     """A decode loop of 256 single-token calls compiles nothing after its
