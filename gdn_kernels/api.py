@@ -23,7 +23,8 @@ def _segments(segment_ids):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_delta_rule(cfg: DeltaRuleConfig):
+def jitted_delta_rule(cfg: DeltaRuleConfig):
+    """jit of (q, k, v, g, beta, s0, ids) -> (o, final state)."""
     if cfg.impl == "reference":
         return jax.jit(lambda q, k, v, g, beta, s0, ids: reference.token_scan(
             q, k, v, g, beta, cfg.scale, s0, segment_ids=ids))
@@ -32,7 +33,7 @@ def _jitted_delta_rule(cfg: DeltaRuleConfig):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_mixer(cfg: MixerConfig):
+def jitted_mixer(cfg: MixerConfig):
     """jit of (x, w, a, b, a_log, dt_bias, ids, state) -> (o, GDNState)."""
     if cfg.impl == "reference":
         return jax.jit(lambda x, w, a, b, a_log, dt_bias, ids, state: reference.reference_mixer(
@@ -60,13 +61,23 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     """
     validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
                                          chunk_size, impl, segment_ids=segment_ids)
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    cfg = delta_rule_config(q, scale, chunk_size, impl)
     if initial_state is None:
-        bsz, hv, dk, dv = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
-        initial_state = jnp.zeros((bsz, hv, dk, dv), accumulation_dtype(v.dtype))
-    cfg = DeltaRuleConfig(impl=impl, scale=scale, chunk_size=int(chunk_size),
-                          interpret=_interpret_key(impl))
-    return _jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state, segment_ids)
+        initial_state = zero_initial_state(q, v)
+    return jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state, segment_ids)
+
+
+def delta_rule_config(q, scale, chunk_size, impl) -> DeltaRuleConfig:
+    """The static configuration of a validated gated_delta_rule call."""
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return DeltaRuleConfig(impl=impl, scale=scale, chunk_size=int(chunk_size),
+                           interpret=_interpret_key(impl))
+
+
+def zero_initial_state(q, v):
+    """The initial state None stands for: zeros [B, Hv, Dk, Dv], accumulation dtype."""
+    bsz, hv, dk, dv = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
+    return jnp.zeros((bsz, hv, dk, dv), accumulation_dtype(v.dtype))
 
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
@@ -85,14 +96,29 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                               num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
                               scale, chunk_size, impl, segment_ids=segment_ids,
                               state=state, return_state=return_state)
-    scale = float(head_k_dim ** -0.5 if scale is None else scale)
-    cfg = MixerConfig(impl=impl, num_k_heads=int(num_k_heads),
-                      num_v_heads=int(num_v_heads), head_k_dim=int(head_k_dim),
-                      head_v_dim=int(head_v_dim), use_qk_norm=bool(use_qk_norm),
-                      eps=float(eps), scale=scale, chunk_size=int(chunk_size),
-                      interpret=_interpret_key(impl))
+    cfg = mixer_config(num_k_heads, num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
+                       scale, chunk_size, impl)
     if state is not None:
         state = GDNState(*state)
-    o, new_state = _jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias, segment_ids,
-                                      state)
+    o, new_state = jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias, segment_ids,
+                                     state)
     return (o, new_state) if return_state else o
+
+
+def zero_mixer_state(x, conv_weight, num_v_heads, head_k_dim, head_v_dim) -> GDNState:
+    """The GDNState None stands for: zeros, conv in x's dtype, recurrent float32."""
+    bsz, _, c = x.shape
+    return GDNState(jnp.zeros((bsz, conv_weight.shape[0] - 1, c), x.dtype),
+                    jnp.zeros((bsz, num_v_heads, head_k_dim, head_v_dim),
+                              accumulation_dtype(x.dtype)))
+
+
+def mixer_config(num_k_heads, num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps, scale,
+                 chunk_size, impl) -> MixerConfig:
+    """The static configuration of a validated gdn_decoupled_conv1d call."""
+    scale = float(head_k_dim ** -0.5 if scale is None else scale)
+    return MixerConfig(impl=impl, num_k_heads=int(num_k_heads),
+                       num_v_heads=int(num_v_heads), head_k_dim=int(head_k_dim),
+                       head_v_dim=int(head_v_dim), use_qk_norm=bool(use_qk_norm),
+                       eps=float(eps), scale=scale, chunk_size=int(chunk_size),
+                       interpret=_interpret_key(impl))

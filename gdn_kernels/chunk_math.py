@@ -41,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .manual_axes import varying_like
+
 # Diagonal block size of the blocked triangular inverse.
 INVERSE_BLOCK = 16
 
@@ -210,7 +212,7 @@ def _forward_substitute(a):
         a_row_i = jnp.where(row == i, a, 0.0)  # only row i of a survives
         return (i + jnp.int32(1), inv - _dot(a_row_i, inv)), None
 
-    start = (np.int32(1), (row == col).astype(a.dtype))
+    start = (np.int32(1), varying_like((row == col).astype(a.dtype), a))
     (_, inv), _ = lax.scan(body, start, None, length=n - 1)
     return inv
 

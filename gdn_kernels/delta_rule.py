@@ -8,6 +8,7 @@ from functools import partial
 import jax
 
 from .backends import backend_for
+from .manual_axes import align_varying
 from .segments import zero_padding_all
 
 
@@ -29,10 +30,15 @@ def _forward(cfg, q, k, v, g, beta, s0, seg):
     return (o, s_final), res
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
 def chunked_delta_rule(cfg: DeltaRuleConfig, q, k, v, g, beta, s0, seg=None):
     """Returns (o [B, T, Hv, Dv] in v's dtype, final state, accumulation
-    dtype). seg: segments.Segments of packed documents, or None."""
+    dtype). seg: segments.Segments of packed documents, or None. Under
+    jax.shard_map the inputs first share one varying type (manual_axes)."""
+    return _delta_rule_vjp(cfg, *align_varying(q, k, v, g, beta, s0), seg)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _delta_rule_vjp(cfg: DeltaRuleConfig, q, k, v, g, beta, s0, seg=None):
     return _forward(cfg, q, k, v, g, beta, s0, seg)[0]
 
 
@@ -52,4 +58,4 @@ def _bwd(cfg, saved, cotangents):
     return tuple(d.astype(x.dtype) for d, x in zip(grads + (ds0,), primals + (s0,))) + (None,)
 
 
-chunked_delta_rule.defvjp(_fwd, _bwd)
+_delta_rule_vjp.defvjp(_fwd, _bwd)

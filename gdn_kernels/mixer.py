@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from . import conv1d, gates, l2norm, segments
 from .backends import backend_for
 from .chunk_math import accumulation_dtype
+from .manual_axes import align_varying
 from .segments import zero_padding_all
 from .state import GDNState
 
@@ -186,11 +187,17 @@ def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state):
     return (o, GDNState(conv, s_final)), res
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
 def gdn_mixer(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None, state=None):
     """(o [B, T, Hv, Dv] in x's dtype, GDNState after the call). seg:
     segments.Segments of packed documents, or None; state: the incoming
-    GDNState, or None (zeros)."""
+    GDNState, or None (zeros). Under jax.shard_map the inputs first share one
+    varying type (manual_axes)."""
+    *arrays, state = align_varying(x, conv_weight, a, b, a_log, dt_bias, state)
+    return _mixer_vjp(cfg, *arrays, seg, state)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _mixer_vjp(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None, state=None):
     return _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state)[0]
 
 
@@ -228,4 +235,4 @@ def _bwd(cfg, saved, cotangents):
     return grads + (None, d_in)
 
 
-gdn_mixer.defvjp(_fwd, _bwd)
+_mixer_vjp.defvjp(_fwd, _bwd)

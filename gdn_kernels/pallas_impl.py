@@ -54,6 +54,7 @@ from jax.experimental.pallas import tpu as pltpu
 from . import chunk_math as cm
 from . import interpret
 from . import layout
+from .manual_axes import align_varying
 
 
 class Residuals(NamedTuple):
@@ -246,14 +247,21 @@ def _dims(q, v, chunk) -> _Dims:
     return _Dims(bsz, t, hv, dk, dv, hv // hk, n_chunks, n_chunks * chunk)
 
 
-def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, n_inputs):
-    """pl.pallas_call over the grid (B, Hv, N), every input left in HBM."""
+def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, inputs):
+    """pl.pallas_call over the grid (B, Hv, N) of inputs, every one left in HBM.
+
+    out_shape: ((shape, dtype), ...); under jax.shard_map the outputs vary
+    over the manual mesh axes the inputs vary over (manual_axes)."""
+    inputs = align_varying(*inputs)
+    mat = jax.typeof(inputs[0]).mat
     return pl.pallas_call(
-        kernel, out_shape=out_shape, grid=(d.bsz, d.hv, d.n_chunks),
-        in_specs=[_HBM] * n_inputs, out_specs=out_specs,
+        kernel, out_shape=tuple(jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
+                                for shape, dtype in out_shape),
+        grid=(d.bsz, d.hv, d.n_chunks),
+        in_specs=[_HBM] * len(inputs), out_specs=out_specs,
         scratch_shapes=scratch_shapes + [pltpu.SemaphoreType.DMA((2,))],
         compiler_params=_compiler_params(),
-        interpret=interpret.pallas_interpret_arg(), name=name)
+        interpret=interpret.pallas_interpret_arg(), name=name)(*inputs)
 
 
 # --------------------------------------------------------------------------
@@ -302,10 +310,10 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
         functools.partial(_forward_kernel, scale=scale, chunk=chunk, group=d.group),
         "gdn_chunk_forward", d,
         out_shape=(
-            jax.ShapeDtypeStruct((d.bsz, d.hv, d.tp, d.dv), acc),
-            jax.ShapeDtypeStruct((d.bsz, d.hv, d.n_chunks, chunk, chunk), acc),
-            jax.ShapeDtypeStruct((d.bsz, d.hv, d.n_chunks, d.dk, d.dv), acc),
-            jax.ShapeDtypeStruct((d.bsz, d.hv, d.dk, d.dv), acc),
+            ((d.bsz, d.hv, d.tp, d.dv), acc),
+            ((d.bsz, d.hv, d.n_chunks, chunk, chunk), acc),
+            ((d.bsz, d.hv, d.n_chunks, d.dk, d.dv), acc),
+            ((d.bsz, d.hv, d.dk, d.dv), acc),
         ),
         out_specs=(
             _token_out_spec(chunk, d.dv),
@@ -316,8 +324,8 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
         scratch_shapes=_token_scratch(chunk, d.dk, d.dv, acc, seg is not None) + [
             pltpu.VMEM((d.dk, d.dv), acc),         # state S
         ],
-        n_inputs=len(tokens) + 1,
-    )(*tokens, s0.astype(acc))
+        inputs=(*tokens, s0.astype(acc)),
+    )
     return _from_heads_major(o, d.t), s_final, Residuals(tinv, states)
 
 
@@ -374,13 +382,13 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=N
     d = _dims(q, v, chunk)
     t, group = d.t, d.group
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
-    token_grad = lambda width: jax.ShapeDtypeStruct((d.bsz, d.hv, d.tp, width), acc)
+    token_grad = lambda width: ((d.bsz, d.hv, d.tp, width), acc)
     dq, dk_, dv_, dg, dbeta, ds0 = _call(
         functools.partial(_backward_kernel, scale=scale, chunk=chunk, group=group),
         "gdn_chunk_backward", d,
         out_shape=(token_grad(d.dk), token_grad(d.dk), token_grad(d.dv),
                    token_grad(1), token_grad(1),
-                   jax.ShapeDtypeStruct((d.bsz, d.hv, d.dk, d.dv), acc)),
+                   ((d.bsz, d.hv, d.dk, d.dv), acc)),
         out_specs=tuple(_token_out_spec(chunk, width, d.n_chunks)
                         for width in (d.dk, d.dk, d.dv, 1, 1))
         + (_state_out_spec(d.dk, d.dv),),
@@ -390,9 +398,9 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=N
             pltpu.VMEM((2, chunk, d.dv), acc),    # do
             pltpu.VMEM((d.dk, d.dv), acc),        # dS
         ],
-        n_inputs=len(tokens) + 4,
-    )(*tokens, res.states.astype(acc),
-      res.tinv.astype(acc), _to_heads_major(do, chunk, acc), ds_final.astype(acc))
+        inputs=(*tokens, res.states.astype(acc), res.tinv.astype(acc),
+                _to_heads_major(do, chunk, acc), ds_final.astype(acc)),
+    )
 
     dq = layout.sum_head_groups(_from_heads_major(dq, t), group)
     dk_ = layout.sum_head_groups(_from_heads_major(dk_, t), group)

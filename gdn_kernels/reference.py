@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from gdn_kernels.manual_axes import align_varying
 from gdn_kernels.state import GDNState
 
 
@@ -62,6 +63,7 @@ def token_scan(q, k, v, g, beta, scale, initial_state=None, segment_ids=None):
     else:
         s0 = initial_state.astype(dt)
     xs = tuple(jnp.moveaxis(t.astype(dt), 1, 0) for t in (q, k, v, g, beta))
+    s0, xs = align_varying(s0, xs)    # under jax.shard_map: one carry type
 
     if segment_ids is None:
         def step(s, x):
@@ -113,7 +115,8 @@ def _segment_token_scan(xs, s0, segment_ids, scale):
         carry = (jnp.where(_rows(is_doc, s), s_new, s), jnp.where(is_doc, id_t, last_id))
         return carry, _keep_rows(is_doc, o_t)
 
-    (s_final, _), o = lax.scan(step, (s0, jnp.zeros_like(ids[0])), (*xs, ids))
+    init, xs, ids = align_varying((s0, jnp.zeros_like(ids[0])), xs, ids)
+    (s_final, _), o = lax.scan(step, init, (*xs, ids))
     return s_final, o
 
 
@@ -256,6 +259,6 @@ def _segment_mixer_scan(x, w, a, b, a_log3, dt_bias3, segment_ids, *, dims,
                  jnp.where(is_doc, id_t, last_id))
         return carry, _keep_rows(is_doc, o_t)
 
-    (s_final, hist_final, _), o = lax.scan(
-        step, (s0, hist0, jnp.zeros_like(ids[0])), (*xs, ids))
+    init, xs, ids = align_varying((s0, hist0, jnp.zeros_like(ids[0])), xs, ids)
+    (s_final, hist_final, _), o = lax.scan(step, init, (*xs, ids))
     return jnp.moveaxis(o, 0, 1), (s_final, hist_final)

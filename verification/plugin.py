@@ -29,7 +29,8 @@ def pytest_addoption(parser):
                          "gdn_kernels:pallas)")
     group.addoption("--gdn-properties", default=None, metavar="ID[,ID...]",
                     help="run only these registered properties (by id; 'all' = every "
-                         "property, no other test)")
+                         f"property, no other test; '{registry.SHARDED_SUBSET}' = those "
+                         "declared on_sharded_target)")
 
 
 def pytest_configure(config):
@@ -47,6 +48,8 @@ def selected_ids(option: str):
     every = registry.load_all()
     if ids == ["all"]:
         return list(every)
+    if ids == [registry.SHARDED_SUBSET]:
+        return [p.id for p in every.values() if p.on_sharded_target]
     try:
         return [p.id for p in registry.select(ids)]
     except ValueError as err:

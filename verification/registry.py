@@ -27,8 +27,8 @@ from hypothesis import target as hypothesis_target
 
 from .tolerance import TensorError, format_table, worst
 
-FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "state", "stability",
-            "bad_input")
+FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "state", "sharding",
+            "stability", "bad_input")
 
 
 class PropertyFailure(AssertionError):
@@ -54,6 +54,10 @@ class Property:
     examples:     explicit cases run first in every profile (regressions)
     covers:       coverage claims: name -> predicate on a case; the
                   strategy must reach each (meta-test)
+    devices:      devices its check needs (a mesh); with fewer in this
+                  process it runs in a mesh worker (verification/mesh_worker.py)
+    on_sharded_target: part of the declared subset `.ci/run` runs against
+                  a sharded target (SHARDED_SUBSET)
     """
     id: str
     family: str
@@ -63,21 +67,27 @@ class Property:
     wrong_target: str
     examples: Tuple = ()
     covers: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
+    devices: int = 1
+    on_sharded_target: bool = False
 
     @property
     def doc(self) -> str:
         return (self.check.__doc__ or "").strip().splitlines()[0]
 
     def run(self, target, case) -> List[TensorError]:
-        """Check one case: the rows, or PropertyFailure when a row fails."""
-        return conclude(self.id, self.check(target, case))
+        """Check one case (tiled to a sharded target's mesh, in a mesh worker
+        when this process lacks the devices): the rows, or PropertyFailure
+        when a row fails."""
+        from . import mesh_worker
+        return conclude(self.id, mesh_worker.check(self, target, case))
 
 
 PROPERTIES: Dict[str, Property] = {}
 
 
 def prop(prop_id: str, *, family: str, strategy: st.SearchStrategy, wrong_target: str,
-         weight: float = 1.0, examples: Tuple = (), covers: Mapping[str, Callable] = None):
+         weight: float = 1.0, examples: Tuple = (), covers: Mapping[str, Callable] = None,
+         devices: int = 1, on_sharded_target: bool = False):
     """Register the decorated check function as property `prop_id`."""
     if family not in FAMILIES:
         raise ValueError(f"property {prop_id}: unknown family {family!r}")
@@ -86,9 +96,14 @@ def prop(prop_id: str, *, family: str, strategy: st.SearchStrategy, wrong_target
         if prop_id in PROPERTIES:
             raise ValueError(f"property {prop_id} declared twice")
         PROPERTIES[prop_id] = Property(prop_id, family, check, strategy, weight,
-                                       wrong_target, tuple(examples), dict(covers or {}))
+                                       wrong_target, tuple(examples), dict(covers or {}),
+                                       devices, on_sharded_target)
         return check
     return deco
+
+
+# --gdn-properties keyword: the properties declared on_sharded_target.
+SHARDED_SUBSET = "sharded-subset"
 
 
 def select(ids) -> List[Property]:

@@ -38,8 +38,10 @@ jax.monitoring.register_event_duration_secs_listener(_on_event)
 
 
 def compile_count() -> int:
-    """XLA backend compiles so far in this process."""
-    return _compiles["n"]
+    """XLA backend compiles so far for this process's checks: its own and
+    those its mesh workers ran (verification/mesh_worker.py)."""
+    from .mesh_worker import WORKER_COMPILES
+    return _compiles["n"] + WORKER_COMPILES["n"]
 
 
 # -------------------------------------------------------------- memory maps
@@ -199,6 +201,25 @@ def run_vjp(fn, case, inputs, cts, *, x64=False):
     return tuple(np.asarray(o) for o in out), {n: np.asarray(g) for n, g in zip(names, grads)}
 
 
+def compiled_vjp_text(fn, case, inputs) -> str:
+    """The compiled HLO text (compiled, not run) of the VJP program of fn on
+    the case's shapes: run_vjp's for the core op; for the mixer run_pieces'
+    single call, from an incoming state and returning it."""
+    names = tuple(inputs)
+    arrays = tuple(np.asarray(inputs[n]) for n in names)
+    ids = segment_ids_of(case)
+    if case_op(case) == "mixer":
+        runner = _pieces_runner(fn, mixer_static(case), (case.seq_len,), resolved_mode())
+        zeros = [np.zeros(s, np.float32) for s in _state_shapes(case)]
+        state = GDNState(zeros[0].astype(arrays[0].dtype), zeros[1])
+        cts = (np.zeros(_out_shapes(case)[0], np.float32), GDNState(*zeros))
+        return runner.lower(arrays, state, cts, ids).compile().as_text()
+    runner = _vjp_runner(fn, case_op(case), _static(case), "initial_state" in inputs,
+                         resolved_mode())
+    cts = tuple(c.astype(np.float32) for c in cotangents(case))
+    return runner.lower(arrays, cts, ids).compile().as_text()
+
+
 def run_forward(fn, case, inputs, *, x64=False):
     op = case_op(case)
     names = tuple(inputs)
@@ -323,12 +344,16 @@ def run_pieces(fn, case: MixerCase, inputs, state, pieces, *, x64=False):
     return outs, grads
 
 
+def _state_shapes(case: MixerCase):
+    """GDNState leaf shapes: conv [B, K-1, C], recurrent [B, Hv, Dk, Dv]."""
+    return [(case.batch, case.conv_width - 1, case.channels),
+            (case.batch, case.v_heads, case.dk, case.dv)]
+
+
 def state_cotangents(case: MixerCase):
     """float64 cotangents of o [B, T, Hv, Dv], the returned conv state
     [B, K-1, C] and recurrent state [B, Hv, Dk, Dv]."""
-    b, t, hv = case.batch, case.seq_len, case.v_heads
-    return output_cotangents(case, [(b, t, hv, case.dv), (b, case.conv_width - 1, case.channels),
-                                    (b, hv, case.dk, case.dv)])
+    return output_cotangents(case, _out_shapes(case) + _state_shapes(case))
 
 
 def oracle_fn(op: str):

@@ -1,19 +1,41 @@
-"""The implementation under test: MODULE[:IMPL].
+"""The implementation under test: MODULE[:IMPL][@AXIS=N,...].
 
 MODULE must expose the contract's two functions. With ":IMPL" the suite
-passes impl=IMPL; without it, nothing (the module's own default). Chosen by
---gdn-target or the GDN_TARGET environment variable.
+passes impl=IMPL; without it, nothing (the module's own default). With
+"@data=4,model=2" the target is MODULE.sharded over a mesh of those axes
+(docs/contract.md section 8): the axis named `data` splits the batch, the
+axis named `model` the key-head groups; each case is first tiled to the
+mesh (strategies.mesh.fit_case). Chosen by --gdn-target or the GDN_TARGET
+environment variable.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import math
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 ENV_VAR = "GDN_TARGET"
 DEFAULT_TARGET = "gdn_kernels:pallas"
+# The mesh axis names a target spec may use, and what each splits.
+BATCH_AXIS, HEAD_AXIS = "data", "model"
+
+
+def parse_mesh(text: str) -> Tuple[Tuple[str, int], ...]:
+    """"data=4,model=2" -> (("data", 4), ("model", 2)) (ValueError if malformed)."""
+    axes = []
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        name = name.strip()
+        if name not in (BATCH_AXIS, HEAD_AXIS) or not size.strip().isdigit() \
+                or int(size) < 1 or name in dict(axes):
+            raise ValueError(f"target mesh {text!r}: expected {BATCH_AXIS}=N and/or "
+                             f"{HEAD_AXIS}=N (each once, N >= 1)")
+        axes.append((name, int(size)))
+    return tuple(axes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,18 +43,46 @@ class Target:
     """A module implementing docs/contract.md, plus an optional impl= value."""
     module_name: str
     impl: Optional[str] = None
+    mesh_axes: Tuple[Tuple[str, int], ...] = ()
 
     @classmethod
     def parse(cls, spec: Optional[str] = None) -> "Target":
         spec = spec or os.environ.get(ENV_VAR) or DEFAULT_TARGET
+        spec, _, mesh = spec.partition("@")
         module_name, _, impl = spec.partition(":")
-        target = cls(module_name=module_name.strip(), impl=impl.strip() or None)
+        target = cls(module_name=module_name.strip(), impl=impl.strip() or None,
+                     mesh_axes=parse_mesh(mesh) if mesh else ())
         target.check()
         return target
 
     @property
     def spec(self) -> str:
-        return self.module_name + (f":{self.impl}" if self.impl else "")
+        mesh = ",".join(f"{n}={s}" for n, s in self.mesh_axes)
+        return (self.module_name + (f":{self.impl}" if self.impl else "")
+                + (f"@{mesh}" if mesh else ""))
+
+    @property
+    def devices(self) -> int:
+        """Devices the target needs (1 unless sharded)."""
+        return math.prod(s for _, s in self.mesh_axes)
+
+    @property
+    def shards(self) -> Tuple[int, int]:
+        """(batch shards, head shards) of a sharded target; (1, 1) otherwise."""
+        axes = dict(self.mesh_axes)
+        return axes.get(BATCH_AXIS, 1), axes.get(HEAD_AXIS, 1)
+
+    @property
+    def unsharded(self) -> "Target":
+        """The same module and impl on one device."""
+        return dataclasses.replace(self, mesh_axes=())
+
+    def fit(self, case):
+        """The case tiled to the mesh (batch and key heads times the shards)."""
+        if not self.mesh_axes:
+            return case
+        from strategies.mesh import fit_case
+        return fit_case(case, *self.shards)
 
     def __str__(self) -> str:
         return self.spec
@@ -45,16 +95,45 @@ class Target:
 
     def check(self) -> None:
         module = self.module
-        for name in ("gated_delta_rule", "gdn_decoupled_conv1d"):
+        names = ("gated_delta_rule", "gdn_decoupled_conv1d") + (
+            ("sharded",) if self.mesh_axes else ())
+        for name in names:
             if not callable(getattr(module, name, None)):
                 raise ValueError(f"target module {self.module_name!r} has no "
                                  f"callable {name} (docs/contract.md)")
 
-    def _impl_kwargs(self) -> dict:
+    def impl_kwargs(self) -> dict:
         return {"impl": self.impl} if self.impl else {}
 
+    @property
+    def ops(self):
+        """What the two ops are called on: the module, or its sharded ops."""
+        return _sharded_ops(self) if self.mesh_axes else self.module
+
     def gated_delta_rule(self, *args, **kwargs):
-        return self.module.gated_delta_rule(*args, **kwargs, **self._impl_kwargs())
+        return self.ops.gated_delta_rule(*args, **kwargs, **self.impl_kwargs())
 
     def gdn_decoupled_conv1d(self, *args, **kwargs):
-        return self.module.gdn_decoupled_conv1d(*args, **kwargs, **self._impl_kwargs())
+        return self.ops.gdn_decoupled_conv1d(*args, **kwargs, **self.impl_kwargs())
+
+
+def make_mesh(axes: Tuple[Tuple[str, int], ...]):
+    """A jax Mesh of these (name, size) axes (Auto axis types) over the first
+    devices; ValueError saying how to get more CPU devices if too few."""
+    import jax
+    needed = math.prod(s for _, s in axes)
+    if jax.device_count() < needed:
+        raise ValueError(f"a mesh {dict(axes)} needs {needed} devices, this process has "
+                         f"{jax.device_count()}: set XLA_FLAGS=--xla_force_host_platform_"
+                         f"device_count={needed} before jax is imported")
+    return jax.make_mesh(tuple(s for _, s in axes), tuple(n for n, _ in axes),
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
+                         devices=jax.devices()[:needed])
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded_ops(target: Target):
+    axes = dict(target.mesh_axes)
+    return target.module.sharded(make_mesh(target.mesh_axes),
+                                 batch_axis=BATCH_AXIS if BATCH_AXIS in axes else None,
+                                 head_axis=HEAD_AXIS if HEAD_AXIS in axes else None)

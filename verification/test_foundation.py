@@ -25,8 +25,8 @@ def test_chunked_backward_is_hand_written():
 def test_custom_vjps_use_the_hand_written_rules():
     """Both public ops differentiate through custom_vjp objects whose bwd
     rules are the hand-written functions of delta_rule.py and mixer.py."""
-    assert delta_rule.chunked_delta_rule.bwd is delta_rule._bwd
-    assert mixer.gdn_mixer.bwd is mixer._bwd
+    assert delta_rule._delta_rule_vjp.bwd is delta_rule._bwd
+    assert mixer._mixer_vjp.bwd is mixer._bwd
 
 
 def test_padding_leaves_final_state_unaffected():

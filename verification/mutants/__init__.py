@@ -26,6 +26,12 @@ def _package_dir() -> str:
     return os.path.dirname(os.path.abspath(gdn_kernels.__file__))
 
 
+def mutant_root() -> str:
+    """The folder mutants are materialised in (GDN_MUTANT_DIR, else a temporary
+    one made once per process), on sys.path."""
+    return _root()
+
+
 def _root() -> str:
     if _ROOT["dir"] is None:
         _ROOT["dir"] = os.environ.get("GDN_MUTANT_DIR") or tempfile.mkdtemp(prefix="gdn-mutants-")

@@ -281,6 +281,51 @@ _ALL += [
            "ds0.astype(state.recurrent.dtype))",
            "jnp.zeros_like(state.recurrent))",
            ("state_gradient_parity", "mixer_split_invariance")),
+    # sharding over a mesh (docs/contract.md section 8)
+    Mutant("sharded_value_heads_by_key_index",
+           "a head shard takes its value-head channels from the key-head index "
+           "(heads split without their group): every shard but the first reads "
+           "other groups' values when G > 1",
+           "sharded.py",
+           "                   np.arange(v0 + j * hv * dv, v0 + (j + 1) * hv * dv)]",
+           "                   np.arange(v0 + j * hk * dv, v0 + j * hk * dv + hv * dv)]",
+           ("sharded_mixer_equals_one_device",), impls=("xla",)),
+    Mutant("sharded_parameter_gradient_not_reduced",
+           "a parameter shared by the batch shards gets the first shard's partial "
+           "gradient only (the other shards' parts are never summed in)",
+           "sharded.py",
+           "        return (jax.lax.psum(dp, axis),)",
+           "        return (jax.lax.psum(jax.numpy.where(jax.lax.axis_index(axis) == 0, dp, 0), axis),)",
+           ("sharded_mixer_equals_one_device",), impls=("xla",)),
+    Mutant("sharded_parameter_gradient_reduced_twice",
+           "a parameter shared by the batch shards has its gradient summed over the "
+           "batch axis twice",
+           "sharded.py",
+           "        return (jax.lax.psum(dp, axis),)",
+           "        return (jax.lax.psum(jax.lax.psum(dp, axis), axis),)",
+           ("sharded_mixer_equals_one_device",), impls=("xla",)),
+    Mutant("sharded_initial_state_ignored",
+           "the sharded core op starts every shard from zeros, ignoring the caller's "
+           "initial state",
+           "sharded.py",
+           "        if initial_state is None:\n"
+           "            initial_state = api.zero_initial_state(q, v)\n",
+           "        initial_state = api.zero_initial_state(q, v)\n",
+           ("sharded_delta_rule_equals_one_device",), impls=("xla",)),
+    Mutant("sharded_divisibility_unchecked",
+           "the sharded ops skip the divisibility check: an indivisible batch or head "
+           "count fails inside jax.shard_map without naming the argument",
+           "sharded.py",
+           "        if size % shards:\n",
+           "        if False:\n",
+           ("sharded_bad_input_raises_named_error",), impls=("xla",)),
+    Mutant("sharded_conv_state_replicated",
+           "the returned conv state is gathered onto every device (replicated) "
+           "instead of staying split by the batch axis",
+           "sharded.py",
+           "P(ops.batch_axis, None, None))",
+           "P(None, None, None))",
+           ("sharded_code_communicates_only_as_allowed",), impls=("xla",)),
 ]
 
 MUTANTS: Dict[str, Mutant] = {m.name: m for m in _ALL}

@@ -8,12 +8,15 @@ registers them all in verification.registry.PROPERTIES.
   metamorphic        chunk size, split, causality, batch rows, GVA, determinism
   packing            packed documents == documents alone, padding transparent
                      with exactly-zero cotangents, packed oracle parity
+  state              carried GDNState: split calls and decode == one call
+  sharding           the ops over a device mesh == one device, and communicate
+                     only as the contract allows
   stability          no spurious NaN on expanding recurrences
   bad_input          contract violations raise named errors
 """
 
 # Import order is test order: parity first.
-from . import parity, eps, reduced_gradients, metamorphic, packing, state, stability, bad_input  # noqa: F401,I001,E501
+from . import parity, eps, reduced_gradients, metamorphic, packing, state, sharding, stability, bad_input  # noqa: F401,I001,E501
 from ..registry import PROPERTIES, PropertyFailure
 
 __all__ = ["PROPERTIES", "PropertyFailure"]

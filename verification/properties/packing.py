@@ -332,7 +332,8 @@ def padding_transparency(target, case: MixerCase):
 @prop("packed_gradient_parity", family="packing",
       strategy=delta_rule_cases(packed=True), weight=0.5,
       wrong_target="gdn_mutant_doc_tail_padded_with_zeros:xla",
-      covers=PACKED_COVERS)
+      covers=PACKED_COVERS,
+      on_sharded_target=True)
 def packed_gradient_parity(target, case: DeltaRuleCase):
     """Packed gated_delta_rule: outputs, final state and every gradient vs
     the float64 oracle (which runs the deletion definition token by token);
@@ -343,7 +344,8 @@ def packed_gradient_parity(target, case: DeltaRuleCase):
 @prop("mixer_packed_gradient_parity", family="packing",
       strategy=mixer_cases(packed=True), weight=0.5,
       wrong_target="gdn_mutant_conv_ignores_padding:xla",
-      covers=MIXER_PACKED_COVERS)
+      covers=MIXER_PACKED_COVERS,
+      on_sharded_target=True)
 def mixer_packed_gradient_parity(target, case: MixerCase):
     """Packed gdn_decoupled_conv1d: output and every gradient (a_log,
     dt_bias of every rank, strong decay included) vs the float64 oracle;

@@ -63,7 +63,8 @@ def delta_rule_forward_parity(target, case: DeltaRuleCase):
 
 @prop("mixer_gradient_parity", family="parity", strategy=mixer_cases(),
       wrong_target="gdn_mutant_conv_bwd_shift_by_one:xla",
-      examples=(MIXER_LARGE_A_LOG_T15,), covers=MIXER_COVERS)
+      examples=(MIXER_LARGE_A_LOG_T15,), covers=MIXER_COVERS,
+      on_sharded_target=True)
 def mixer_gradient_parity(target, case: MixerCase):
     """Every cotangent of gdn_decoupled_conv1d (x, conv_weight, a, b, a_log,
     dt_bias) matches jax.vjp of the float64 oracle."""
@@ -72,7 +73,8 @@ def mixer_gradient_parity(target, case: MixerCase):
 
 @prop("delta_rule_gradient_parity", family="parity", strategy=delta_rule_cases(),
       wrong_target="gdn_mutant_dinitial_state_dropped:xla",
-      examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15), covers=DELTA_COVERS)
+      examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15), covers=DELTA_COVERS,
+      on_sharded_target=True)
 def delta_rule_gradient_parity(target, case: DeltaRuleCase):
     """Every cotangent of gated_delta_rule (q, k, v, g, beta, initial_state),
     with a random cotangent on o AND on final_state, matches the oracle."""

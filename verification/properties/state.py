@@ -96,7 +96,8 @@ SPLIT_COVERS = {kind: (lambda c, kind=kind: split_kind(c) == kind)
 @prop("mixer_split_invariance", family="state", strategy=mixer_cases(where=_splittable),
       wrong_target="gdn_mutant_conv_state_from_outputs:xla", weight=0.25,
       covers={**SPLIT_COVERS, "bfloat16": lambda c: c.dtype == "bfloat16",
-              "K=4": lambda c: c.conv_width == 4})
+              "K=4": lambda c: c.conv_width == 4},
+      on_sharded_target=True)
 def mixer_split_invariance(target, case: MixerCase):
     """Two calls x[:, :T1], x[:, T1:] chaining the GDNState equal one call:
     outputs, final conv and recurrent state, and the gradient of one loss
@@ -134,7 +135,8 @@ def prompt_then_decode(target, case: MixerCase):
       strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
       wrong_target="gdn_mutant_incoming_state_gradient_dropped:xla", weight=0.25,
       covers={"packed": lambda c: bool(c.segments), "bfloat16": lambda c: c.dtype == "bfloat16",
-              "T=1": lambda c: c.seq_len == 1, "T=C+1 or longer": lambda c: c.seq_len > c.chunk})
+              "T=1": lambda c: c.seq_len == 1, "T=C+1 or longer": lambda c: c.seq_len > c.chunk},
+      on_sharded_target=True)
 def state_gradient_parity(target, case: MixerCase):
     """One call from a non-zero incoming GDNState, with cotangents on o and
     on the returned state: outputs, returned state and the gradients of

@@ -1,0 +1,385 @@
+"""Sharding over a device mesh (docs/contract.md section 8): the target's
+module `sharded(mesh, batch_axis=..., head_axis=...)` gives the one-device
+results, each shard computes exactly what the one-device op computes on its
+rows and heads alone, and the compiled program communicates only as the
+contract allows. Each case runs on one mesh of 8 devices (strategies.mesh,
+derived from the seed), tiled so its batch and key heads divide; in a
+process with fewer devices the checks run in a mesh worker.
+
+The oracle of these properties is the same module on one device: what they
+add is that sharding changes nothing. The declared subset of the other
+families (on_sharded_target) runs against a sharded target and compares it
+with the float64 oracle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Dict, List, Tuple
+
+import numpy as np
+from hypothesis import strategies as st
+
+from gdn_kernels import GDNState
+from strategies import delta_rule_cases, mixer_cases
+from strategies.cases import DeltaRuleCase, MixerCase, replace
+from strategies.explicit import delta_case, mixer_case
+from strategies.mesh import MESH_DEVICES, MESH_KINDS, MeshKind, fit_case, mesh_kind
+from strategies.state import incoming_state, pieces
+
+from .. import runners
+from ..registry import prop
+from ..targets import Target, make_mesh
+from ..tolerance import TensorError, compare_self, compare_sharded, structural_row
+from .state import tensor_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshTarget:
+    """A target's module sharded over one MeshKind: the two ops, as a target."""
+    base: Target
+    kind: MeshKind
+
+    @property
+    def spec(self) -> str:
+        return f"{self.base.spec} over {self.kind.name}"
+
+    @property
+    def ops(self):
+        return _sharded_ops(self.base.module_name, self.base.module, self.kind)
+
+    def gated_delta_rule(self, *args, **kwargs):
+        return self.ops.gated_delta_rule(*args, **kwargs, **self.base.impl_kwargs())
+
+    def gdn_decoupled_conv1d(self, *args, **kwargs):
+        return self.ops.gdn_decoupled_conv1d(*args, **kwargs, **self.base.impl_kwargs())
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded_ops(module_name: str, module, kind: MeshKind):
+    del module_name   # part of the cache key only
+    return module.sharded(make_mesh(kind.axes), batch_axis=kind.batch_axis,
+                          head_axis=kind.head_axis)
+
+
+def _on_mesh(target: Target, case):
+    """(the case tiled to its mesh, the target's module over that mesh, the
+    module on one device)."""
+    kind = mesh_kind(case)
+    return fit_case(case, *kind.shards), MeshTarget(target.unsharded, kind), target.unsharded
+
+
+# ------------------------------------------------------------ one shard alone
+
+def _shard_blocks(case, kind: MeshKind, shard: Tuple[int, int]):
+    """(rows, key heads, value heads) of shard (i, j) as slices."""
+    nb, nh = kind.shards
+    i, j = shard
+    rb, hk, hv = case.batch // nb, case.k_heads // nh, case.v_heads // nh
+    return slice(i * rb, (i + 1) * rb), slice(j * hk, (j + 1) * hk), slice(j * hv, (j + 1) * hv)
+
+
+def _shard_case(case, kind: MeshKind, shard):
+    """The case of one shard's rows and key-head groups."""
+    nb, nh = kind.shards
+    rows = _shard_blocks(case, kind, shard)[0]
+    changes = dict(batch=case.batch // nb, k_heads=case.k_heads // nh,
+                   segments=tuple(case.segments[rows]) if case.segments else ())
+    if isinstance(case, MixerCase):
+        changes.update(a_log_shape=_param_block_shape(case.a_log_shape, case.batch, nb, nh),
+                       dt_bias_shape=_param_block_shape(case.dt_bias_shape, case.batch, nb,
+                                                        nh))
+    return replace(case, **changes)
+
+
+def _param_block_shape(shape, batch, nb, nh):
+    shape = list(shape)
+    if len(shape) > 1 and shape[0] == batch and batch > 1:
+        shape[0] //= nb
+    shape[-1] //= nh
+    return tuple(shape)
+
+
+def _channels(case: MixerCase, kind: MeshKind, j: int) -> np.ndarray:
+    """The mixer channels ([q | k | v] of x) of head shard j."""
+    nh = kind.shards[1]
+    hk, hv, dk, dv = case.k_heads // nh, case.v_heads // nh, case.dk, case.dv
+    q0, k0, v0 = 0, case.k_heads * dk, 2 * case.k_heads * dk
+    return np.concatenate([np.arange(q0 + j * hk * dk, q0 + (j + 1) * hk * dk),
+                           np.arange(k0 + j * hk * dk, k0 + (j + 1) * hk * dk),
+                           np.arange(v0 + j * hv * dv, v0 + (j + 1) * hv * dv)])
+
+
+def _delta_block(name, x, case, kind, shard):
+    """Shard's block of a gated_delta_rule tensor (inputs, outputs, cotangents)."""
+    rows, hk, hv = _shard_blocks(case, kind, shard)
+    heads = hk if name in ("q", "k") else hv
+    if name in ("initial_state", "final_state"):
+        return x[rows, heads]
+    return x[rows, :, heads]
+
+
+def _mixer_block(name, x, case, kind, shard):
+    """Shard's block of a mixer tensor."""
+    rows, _, hv = _shard_blocks(case, kind, shard)
+    chans = _channels(case, kind, shard[1])
+    if name in ("x", "conv"):
+        return x[rows][..., chans]
+    if name == "conv_weight":
+        return x[:, chans]
+    if name in ("a_log", "dt_bias"):
+        lead = rows if x.ndim > 1 and x.shape[0] == case.batch and case.batch > 1 else slice(None)
+        return x[lead][..., hv] if x.ndim > 1 else x[hv]
+    if name == "recurrent":
+        return x[rows, hv]
+    return x[rows][:, :, hv]      # a, b [B, T, Hv]; o [B, T, Hv, Dv]
+
+
+def _corner_shards(kind: MeshKind):
+    """The first and the last shard (every shard runs the same program)."""
+    nb, nh = kind.shards
+    return sorted({(0, 0), (nb - 1, nh - 1)})
+
+
+# ------------------------------------------------------------ the core op
+
+def _delta_rows(target: Target, case: DeltaRuleCase) -> List[TensorError]:
+    case, on_mesh, one = _on_mesh(target, case)
+    kind = on_mesh.kind
+    inputs = runners.case_inputs(case)
+    cts = tuple(c.astype(np.float32) for c in runners.cotangents(case))
+    m_out, m_grads = runners.run_vjp(runners.target_fn(on_mesh, "delta"), case, inputs, cts)
+    u_out, u_grads = runners.run_vjp(runners.target_fn(one, "delta"), case, inputs, cts)
+    names = runners.output_names(case)
+    rows = [compare_sharded(f"{n} (mesh vs one device)", m, u, tensor_dtype(case, n))
+            for n, m, u in zip(names, m_out, u_out)]
+    rows += [compare_sharded(f"d{n} (mesh vs one device)", m_grads[n], u_grads[n],
+                             tensor_dtype(case, n)) for n in inputs]
+    for shard in _corner_shards(kind):
+        sub = _shard_case(case, kind, shard)
+        block = functools.partial(_delta_block, case=case, kind=kind, shard=shard)
+        s_out, s_grads = runners.run_vjp(
+            runners.target_fn(one, "delta"), sub,
+            {n: block(n, v) for n, v in inputs.items()},
+            tuple(block(n, c) for n, c in zip(names, cts)))
+        rows += [compare_self(f"{n} shard {shard}", block(n, m), s, "float32", exact=True)
+                 for n, m, s in zip(names, m_out, s_out)]
+        rows += [compare_self(f"d{n} shard {shard}", block(n, m_grads[n]), s_grads[n],
+                              "float32", exact=True) for n in inputs]
+    return rows
+
+
+MESH_COVERS = {kind.name: (lambda c, kind=kind: mesh_kind(c) == kind) for kind in MESH_KINDS}
+HEAD_SPLIT_GVA = {"GVA heads split": lambda c: c.group > 1 and mesh_kind(c).shards[1] > 1}
+
+# GVA (G = 2, two key heads) on the (4, 2) mesh (seed % 6 == 1) and G = 4 on
+# the (2, 4) heads-only mesh (seed % 6 == 5): the head split must keep each
+# key head's value heads with it.
+DELTA_GVA_SPLIT = (delta_case("gva2-2keys-dk<dv", 1, 33, 16, seed=1),
+                   delta_case("gva4", 2, 17, 16, seed=5))
+MIXER_GVA_SPLIT = (mixer_case("gva2-2keys-dk<dv", 2, 33, 16, seed=1, param_rank=2),
+                   mixer_case("gva4", 2, 17, 16, seed=5, param_rank=1))
+
+
+@prop("sharded_delta_rule_equals_one_device", family="sharding",
+      strategy=st.one_of(delta_rule_cases(), delta_rule_cases(packed=True)),
+      wrong_target="gdn_mutant_sharded_initial_state_ignored:xla", weight=0.1,
+      devices=MESH_DEVICES, examples=DELTA_GVA_SPLIT,
+      covers={**MESH_COVERS, **HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments)})
+def sharded_delta_rule_equals_one_device(target, case: DeltaRuleCase):
+    """gated_delta_rule over a mesh of 8 devices equals the one-device op
+    (outputs, final state, every cotangent) within summation-order error,
+    and each shard's outputs and cotangents equal, bit for bit, the
+    one-device op run on that shard's rows and key-head groups alone."""
+    return _delta_rows(target, case)
+
+
+# ------------------------------------------------------------ the mixer
+
+def _mixer_rows(target: Target, case: MixerCase) -> List[TensorError]:
+    case, on_mesh, one = _on_mesh(target, case)
+    kind = on_mesh.kind
+    inputs, state = runners.case_inputs(case), incoming_state(case)
+    whole = pieces(case, "one")
+    m_out, m_grads = runners.run_pieces(runners.target_fn(on_mesh, "mixer"), case, inputs,
+                                        state, whole)
+    u_out, u_grads = runners.run_pieces(runners.target_fn(one, "mixer"), case, inputs, state,
+                                        whole)
+    rows = [compare_sharded(f"{n} (mesh vs one device)", m_out[n], u_out[n],
+                            tensor_dtype(case, n)) for n in m_out]
+    rows += [compare_sharded(f"d{n} (mesh vs one device)", m_grads[n], u_grads[n],
+                             tensor_dtype(case, "d" + n)) for n in m_grads]
+    for shard in _corner_shards(kind):
+        rows += _mixer_shard_rows(one, case, kind, shard, inputs, state, m_out)
+    return rows
+
+
+def _mixer_shard_rows(one: Target, case, kind, shard, inputs, state, m_out):
+    """A shard's outputs and returned state vs the one-device mixer on its
+    rows, channels and heads alone (bitwise)."""
+    sub = _shard_case(case, kind, shard)
+    block = functools.partial(_mixer_block, case=case, kind=kind, shard=shard)
+    args = {n: block(n, v) for n, v in inputs.items()}
+    ids = runners.segment_ids_of(sub)
+    o, new_state = one.gdn_decoupled_conv1d(
+        *(args[n] for n in runners.MIXER_INPUTS),
+        state=GDNState(block("conv", state["conv"]), block("recurrent", state["recurrent"])),
+        return_state=True, **({} if ids is None else {"segment_ids": ids}),
+        **dict(runners.mixer_static(sub)))
+    alone = {"o": o, "conv": new_state.conv, "recurrent": new_state.recurrent}
+    return [compare_self(f"{n} shard {shard}", block(n, m_out[n]), np.asarray(alone[n]),
+                         "float32", exact=True) for n in alone]
+
+
+@prop("sharded_mixer_equals_one_device", family="sharding",
+      strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
+      wrong_target="gdn_mutant_sharded_value_heads_by_key_index:xla", weight=0.1,
+      devices=MESH_DEVICES, examples=MIXER_GVA_SPLIT,
+      covers={**MESH_COVERS, **HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments),
+              "a_log with a batch axis": lambda c: len(c.a_log_shape) > 1
+              and c.a_log_shape[0] == c.batch > 1})
+def sharded_mixer_equals_one_device(target, case: MixerCase):
+    """gdn_decoupled_conv1d over a mesh of 8 devices, from a carried
+    GDNState, equals the one-device mixer: outputs, returned state and every
+    gradient (parameters shared by the batch shards summed over them), and
+    each shard's outputs and state equal bit for bit the one-device mixer
+    on that shard's rows, channels and heads alone."""
+    return _mixer_rows(target, case)
+
+
+# ------------------------------------------------------------ communication
+
+_COLLECTIVE = re.compile(r"=\s*(\(.*?\)|\S+)\s+(all-reduce|all-gather|all-to-all|"
+                         r"collective-permute|reduce-scatter)(?:-start)?\(")
+_SHAPE = re.compile(r"[a-z]+\d*\[([\d,]*)\]")
+
+
+def collectives(hlo_text: str) -> List[Tuple[str, Tuple[Tuple[int, ...], ...]]]:
+    """(kind, result shapes) of every collective of a compiled HLO module."""
+    found = []
+    for match in _COLLECTIVE.finditer(hlo_text):
+        shapes = tuple(tuple(int(d) for d in dims.split(",") if d)
+                       for dims in _SHAPE.findall(match.group(1)))
+        found.append((match.group(2), shapes))
+    return found
+
+
+def allowed_collectives(case, kind: MeshKind) -> Dict[str, set]:
+    """Result shapes each kind of collective may have (section 8): none for
+    the core op; for the mixer, all-reduces of the shared parameters' local
+    gradients over the batch shards and, with a head split, any move of an
+    x-layout tensor (x, dx, GDNState.conv, and conv_weight's gradient
+    assembled from the head shards' channels)."""
+    if isinstance(case, DeltaRuleCase):
+        return {}
+    nb, nh = kind.shards
+    local_b, c, w = case.batch // nb, case.channels, case.conv_width
+    params = {(w, c // nh), _param_block_shape(case.a_log_shape, case.batch, nb, nh),
+              _param_block_shape(case.dt_bias_shape, case.batch, nb, nh)}
+    moves = {(local_b, case.seq_len, c), (local_b, w - 1, c), (w, c)} if nh > 1 else set()
+    return {"all-reduce": params | moves, "all-gather": moves, "all-to-all": moves,
+            "collective-permute": moves, "reduce-scatter": moves}
+
+
+@prop("sharded_code_communicates_only_as_allowed", family="sharding",
+      strategy=st.one_of(delta_rule_cases(), mixer_cases()),
+      wrong_target="gdn_mutant_sharded_conv_state_replicated:xla", weight=0.1,
+      devices=MESH_DEVICES,
+      covers={**MESH_COVERS, "mixer": lambda c: isinstance(c, MixerCase),
+              "core op": lambda c: isinstance(c, DeltaRuleCase)})
+def sharded_code_communicates_only_as_allowed(target, case):
+    """The compiled forward + backward over a mesh of 8 devices holds no
+    collective in the core op; in the mixer only all-reduces of the shared
+    parameters' gradients over the batch shards and, with a head split,
+    moves of x-layout tensors (the compiled HLO is read)."""
+    case, on_mesh, _ = _on_mesh(target, case)
+    allowed = allowed_collectives(case, on_mesh.kind)
+    text = runners.compiled_vjp_text(runners.target_fn(on_mesh, runners.case_op(case)), case,
+                                     runners.case_inputs(case))
+    found = collectives(text)
+    bad = [(k, s) for k, s in found if not set(s) <= allowed.get(k, set())]
+    return [structural_row(f"collectives on {on_mesh.kind.name}", not bad,
+                           f"not allowed: {bad[:4]}")]
+
+
+# ------------------------------------------------------------ bad input
+
+def _expect(name, call, error, *words) -> TensorError:
+    """Row: call() raises `error` whose message contains every word."""
+    try:
+        call()
+        ok, note = False, "no error raised"
+    except error as err:
+        missing = [w for w in words if not re.search(rf"(?<![\w.]){re.escape(w)}(?![\w])",
+                                                      str(err))]
+        ok, note = not missing, f"message lacks {missing}: {err}"
+    except Exception as err:  # noqa: BLE001 - the finding is the wrong type
+        ok, note = False, f"{type(err).__name__} instead of {error.__name__}: {err}"
+    return structural_row(name, ok, note[:160])
+
+
+def _mixer_call(ops_target, case: MixerCase):
+    inputs = runners.case_inputs(case)
+    return lambda: ops_target.gdn_decoupled_conv1d(
+        *(inputs[n] for n in runners.MIXER_INPUTS), **dict(runners.mixer_static(case)))
+
+
+def _delta_call(ops_target, case: DeltaRuleCase):
+    inputs = runners.case_inputs(case)
+    s0 = inputs.pop("initial_state", None)
+    return lambda: ops_target.gated_delta_rule(*inputs.values(), initial_state=s0,
+                                               chunk_size=case.chunk)
+
+
+def _as_delta_case(case: MixerCase) -> DeltaRuleCase:
+    return DeltaRuleCase(batch=case.batch, seq_len=case.seq_len, k_heads=case.k_heads,
+                         group=case.group, dk=case.dk, dv=case.dv, chunk=case.chunk,
+                         dtype=case.dtype, state_dtype="float32", seed=case.seed)
+
+
+@prop("sharded_bad_input_raises_named_error", family="sharding",
+      strategy=mixer_cases(near_zero=False),
+      wrong_target="gdn_mutant_sharded_divisibility_unchecked:xla", weight=0.1,
+      devices=MESH_DEVICES, covers=MESH_COVERS)
+def sharded_bad_input_raises_named_error(target, case: MixerCase):
+    """A batch or a key-head count that the mesh axis does not divide raises
+    ValueError naming the argument, the axis and both sizes, before any
+    kernel runs; an axis name the mesh lacks, one axis for both splits, or
+    a mesh that is not a jax Mesh raise ValueError / TypeError naming the
+    argument."""
+    case, on_mesh, one = _on_mesh(target, case)
+    kind = on_mesh.kind
+    nb, nh = kind.shards
+    rows = []
+    if nb > 1:
+        extra = replace(case, batch=case.batch + 1, segments=(), a_log_shape=(case.v_heads,),
+                        dt_bias_shape=(case.v_heads,))
+        for op, call in (("mixer", _mixer_call(on_mesh, extra)),
+                         ("core op", _delta_call(on_mesh, _as_delta_case(extra)))):
+            rows.append(_expect(f"{op}: batch {extra.batch} on {kind.name}", call, ValueError,
+                                "x" if op == "mixer" else "q", kind.batch_axis,
+                                str(extra.batch), str(nb)))
+    if nh > 1:
+        extra = replace(case, k_heads=case.k_heads + 1, segments=(),
+                        a_log_shape=((case.k_heads + 1) * case.group,),
+                        dt_bias_shape=((case.k_heads + 1) * case.group,))
+        for op, call in (("mixer", _mixer_call(on_mesh, extra)),
+                         ("core op", _delta_call(on_mesh, _as_delta_case(extra)))):
+            rows.append(_expect(f"{op}: {extra.k_heads} key heads on {kind.name}", call,
+                                ValueError, "num_k_heads" if op == "mixer" else "k",
+                                kind.head_axis, str(extra.k_heads), str(nh)))
+    module, mesh = one.module, make_mesh(kind.axes)
+    rows += [
+        _expect("unknown batch_axis", lambda: module.sharded(mesh, batch_axis="rows"),
+                ValueError, "batch_axis", "rows"),
+        _expect("unknown head_axis", lambda: module.sharded(mesh, head_axis="heads"),
+                ValueError, "head_axis", "heads"),
+        _expect("one axis for both", lambda: module.sharded(mesh, batch_axis="data",
+                                                            head_axis="data"),
+                ValueError, "batch_axis", "head_axis"),
+        _expect("mesh not a Mesh", lambda: module.sharded(kind.axes, batch_axis="data"),
+                TypeError, "mesh"),
+    ]
+    return rows
