@@ -217,14 +217,22 @@ def _sharded_mixer(ops: ShardedOps, cfg, packed: bool, a_log_shape, dt_bias_shap
                 dt_bias_spec, ops.ids_spec() if packed else None, state_specs)
     mapped = _map(ops, body, in_specs, (ops.heads_spec(), state_specs))
 
-    def permute(y, index):
-        """y's channels (last axis) in the order index (none when unsharded)."""
-        return y if ops.head_axis is None else y[..., index]
+    def permute(y, index, whole, split):
+        """y's channels (last axis) in the order index, laid out as `whole`
+        (channels unsplit) before the permutation and as `split` after
+        (nothing to permute when the heads are not split)."""
+        if ops.head_axis is None:
+            return ops.place(y, split)
+        return ops.place(ops.place(y, whole)[..., index], split)
+
+    rows, rows_split = P(ops.batch_axis, None, None), ops.channels_spec()
 
     def run(x, w, a, b, a_log, dt_bias, ids, state):
-        state = GDNState(permute(state.conv, order), state.recurrent)
-        args = (permute(x, order), permute(w, order), a, b, a_log, dt_bias, ids, state)
-        o, new_state = mapped(*(ops.place_tree(a, s) for a, s in zip(args, in_specs)))
-        conv = ops.place(permute(new_state.conv, inverse), P(ops.batch_axis, None, None))
+        state = GDNState(permute(state.conv, order, rows, rows_split),
+                         ops.place(state.recurrent, ops.state_spec()))
+        x, w = permute(x, order, rows, rows_split), permute(w, order, P(), P(None, ops.head_axis))
+        rest = (ops.place_tree(u, s) for u, s in zip((a, b, a_log, dt_bias, ids), in_specs[2:]))
+        o, new_state = mapped(x, w, *rest, state)
+        conv = permute(new_state.conv, inverse, rows, rows)
         return o, GDNState(conv, new_state.recurrent)
     return jax.jit(run)

@@ -73,7 +73,8 @@ def state_scan(s0, kc, intra, acc):
         new_values, s1 = _vmap_n(cm.chunk_state_step, 2)(s, k_n, intra_n)
         return s1, (s, new_values)
 
-    s_final, (states, new_values) = lax.scan(step, varying_like(s0.astype(acc), kc, intra), (kc, intra))
+    s0 = varying_like(s0.astype(acc), kc, intra)   # under shard_map: varies like the chunks
+    s_final, (states, new_values) = lax.scan(step, s0, (kc, intra))
     return s_final, states, new_values
 
 
@@ -115,8 +116,9 @@ def state_cotangent_scan(ds_final, kc, bwd, acc):
         d_new, ds0 = _vmap_n(cm.chunk_state_cotangent_step, 2)(ds1, k_n, intra_n, terms_n)
         return ds0, (ds1, d_new)
 
-    ds_initial, (ds_ends, d_new) = lax.scan(step, varying_like(ds_final.astype(acc), kc, bwd),
-                                            (kc, bwd.intra, bwd.terms), reverse=True)
+    ds_final = varying_like(ds_final.astype(acc), kc, bwd)
+    ds_initial, (ds_ends, d_new) = lax.scan(step, ds_final, (kc, bwd.intra, bwd.terms),
+                                            reverse=True)
     return ds_initial, ds_ends, d_new
 
 

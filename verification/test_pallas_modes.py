@@ -141,10 +141,11 @@ def _lowering_args(op, dtype, packed):
             s((b, t, hv), dtype), s((hv,), jnp.float32), s((b, hv), jnp.float32)) + ids
 
 
-def _lowering_fn(op, grad):
+def _lowering_fn(op, grad, ops=gk):
+    """The op (or its gradient) through `ops`: gdn_kernels, or its sharded ops."""
     if op == "delta":
         def f(q, k, v, g, beta, s0, ids):
-            return gk.gated_delta_rule(q, k, v, g, beta, initial_state=s0, segment_ids=ids,
+            return ops.gated_delta_rule(q, k, v, g, beta, initial_state=s0, segment_ids=ids,
                                        chunk_size=32)
 
         def loss(*args):
@@ -152,7 +153,7 @@ def _lowering_fn(op, grad):
             return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s * s)
     else:
         def f(x, w, a, b, a_log, dt_bias, ids):
-            return gk.gdn_decoupled_conv1d(x, w, a, b, a_log, dt_bias, num_k_heads=1,
+            return ops.gdn_decoupled_conv1d(x, w, a, b, a_log, dt_bias, num_k_heads=1,
                                            num_v_heads=2, head_k_dim=32, head_v_dim=64,
                                            segment_ids=ids, chunk_size=32)
 
@@ -180,6 +181,22 @@ def test_lowers_for_tpu(op, grad, dtype, packed, monkeypatch):
     else:
         assert names == ["gdn_chunk_forward"]
         assert len(calls) == 1
+
+
+@pytest.mark.parametrize("op", ["delta", "mixer"])
+def test_sharded_ops_lower_for_tpu(op, monkeypatch):
+    """Under jax.shard_map (check_vma on) the Pallas kernels declare their
+    outputs' varying axes and still lower for TPU, forward and backward (a
+    (1, 1) mesh: the same typing as any mesh, on this process's one device)."""
+    monkeypatch.setenv(interpret.ENV_VAR, "off")
+    mesh = jax.make_mesh((1, 1), ("data", "model"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    ops = gk.sharded(mesh, batch_axis="data", head_axis="model")
+    text = (jax.jit(_lowering_fn(op, True, ops))
+            .trace(*_lowering_args(op, jnp.dtype("float32"), True))
+            .lower(lowering_platforms=("tpu",)).as_text())
+    names = re.findall(r'kernel_name = "(gdn_chunk_\w+)"', text)
+    assert sorted(names) == ["gdn_chunk_backward", "gdn_chunk_forward"]
 
 
 @pytest.mark.parametrize("seq_len", [100, 1], ids=["prefill", "decode"])
