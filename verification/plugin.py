@@ -123,7 +123,7 @@ def _worst_text(row) -> str:
 
 def summary_lines():
     lines = []
-    head = f"{'property':<34}{'examples':>9}{'fail':>5}{'compiles':>9}{'time s':>8}  worst tensor (error/bound)"
+    head = f"{'property':<42}{'examples':>9}{'fail':>5}{'compiles':>9}{'time s':>8}  worst tensor (error/bound)"
     lines.append(head)
     lines.append("-" * (len(head) + 10))
     total_ex = 0
@@ -134,7 +134,7 @@ def summary_lines():
         w = _worst_text(worst[0]) if worst else "-"
         if st.not_checkable:
             w += f"; {st.not_checkable} example(s) not checkable (see the rows' notes)"
-        lines.append(f"{name:<34}{st.examples:>9}{st.failures:>5}{st.compiles:>9}"
+        lines.append(f"{name:<42}{st.examples:>9}{st.failures:>5}{st.compiles:>9}"
                      f"{st.seconds:>8.1f}  {w}")
     lines.append(f"total: {total_ex} examples, {runners.compile_count() - _START['compiles']} "
                  f"XLA compiles, {time.perf_counter() - _START['t']:.0f} s; "

@@ -323,8 +323,8 @@ _ALL += [
            "the returned conv state is gathered onto every device (replicated) "
            "instead of staying split by the batch axis",
            "sharded.py",
-           "P(ops.batch_axis, None, None))",
-           "P(None, None, None))",
+           "        conv = permute(new_state.conv, inverse, rows, rows)",
+           "        conv = permute(new_state.conv, inverse, rows, P())",
            ("sharded_code_communicates_only_as_allowed",), impls=("xla",)),
 ]
 
