@@ -46,13 +46,28 @@ def mesh_kind(case) -> MeshKind:
     return MESH_KINDS[case.seed % len(MESH_KINDS)]
 
 
+def param_has_batch_axis(shape, batch: int) -> bool:
+    """An a_log/dt_bias shape with a batch axis of size B > 1 (split and tiled
+    with the rows; a leading axis of size 1 broadcasts)."""
+    return len(shape) > 1 and shape[0] == batch and batch > 1
+
+
 def _tile_param_shape(shape, batch, batch_shards, head_shards):
     """An a_log/dt_bias shape of the tiled case: a batch axis of size B > 1
     grows with the batch; the head axis with the heads."""
     shape = list(shape)
-    if len(shape) > 1 and shape[0] == batch and batch > 1:
+    if param_has_batch_axis(shape, batch):
         shape[0] *= batch_shards
     shape[-1] *= head_shards
+    return tuple(shape)
+
+
+def shard_param_shape(shape, batch: int, batch_shards: int, head_shards: int):
+    """One shard's block of an a_log/dt_bias shape (inverse of the tiling)."""
+    shape = list(shape)
+    if param_has_batch_axis(shape, batch):
+        shape[0] //= batch_shards
+    shape[-1] //= head_shards
     return tuple(shape)
 
 
@@ -67,9 +82,9 @@ def fit_case(case, batch_shards: int, head_shards: int):
     if isinstance(case, MixerCase):
         changes.update(
             a_log_shape=_tile_param_shape(case.a_log_shape, case.batch, batch_shards,
-                                          head_shards),
+                                           head_shards),
             dt_bias_shape=_tile_param_shape(case.dt_bias_shape, case.batch, batch_shards,
-                                            head_shards))
+                                             head_shards))
     elif not isinstance(case, DeltaRuleCase):
         raise TypeError(f"fit_case: not a case: {type(case).__name__}")
     return replace(case, **changes)

@@ -36,7 +36,7 @@ class WorkerError(RuntimeError):
 
 
 def devices_needed(prop, target) -> int:
-    return max(getattr(prop, "devices", 1), target.devices)
+    return max(prop.devices, target.devices)
 
 
 def check(prop, target, case) -> List[TensorError]:

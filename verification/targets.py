@@ -108,7 +108,12 @@ class Target:
     @property
     def ops(self):
         """What the two ops are called on: the module, or its sharded ops."""
-        return _sharded_ops(self) if self.mesh_axes else self.module
+        if not self.mesh_axes:
+            return self.module
+        axes = dict(self.mesh_axes)
+        return sharded_ops(self.unsharded, self.mesh_axes,
+                           BATCH_AXIS if BATCH_AXIS in axes else None,
+                           HEAD_AXIS if HEAD_AXIS in axes else None)
 
     def gated_delta_rule(self, *args, **kwargs):
         return self.ops.gated_delta_rule(*args, **kwargs, **self.impl_kwargs())
@@ -132,8 +137,9 @@ def make_mesh(axes: Tuple[Tuple[str, int], ...]):
 
 
 @functools.lru_cache(maxsize=None)
-def _sharded_ops(target: Target):
-    axes = dict(target.mesh_axes)
-    return target.module.sharded(make_mesh(target.mesh_axes),
-                                 batch_axis=BATCH_AXIS if BATCH_AXIS in axes else None,
-                                 head_axis=HEAD_AXIS if HEAD_AXIS in axes else None)
+def sharded_ops(target: "Target", axes, batch_axis, head_axis):
+    """The (unsharded) target's module.sharded over a mesh of these axes, the
+    batch split by batch_axis and the key-head groups by head_axis (None:
+    not split); built once per combination."""
+    return target.module.sharded(make_mesh(axes), batch_axis=batch_axis,
+                                 head_axis=head_axis)

@@ -33,12 +33,13 @@ from gdn_kernels import GDNState
 from strategies import delta_rule_cases, mixer_cases
 from strategies.cases import DeltaRuleCase, MixerCase, replace
 from strategies.explicit import delta_case, mixer_case
-from strategies.mesh import MESH_DEVICES, MESH_KINDS, MeshKind, fit_case, mesh_kind
+from strategies.mesh import (MESH_DEVICES, MESH_KINDS, MeshKind, fit_case, mesh_kind,
+                             param_has_batch_axis, shard_param_shape)
 from strategies.state import incoming_state, pieces
 
 from .. import runners
 from ..registry import prop
-from ..targets import Target, make_mesh
+from ..targets import Target, make_mesh, sharded_ops
 from ..tolerance import NOT_CHECKABLE, TensorError, compare_sharded, structural_row
 from .state import tensor_dtype
 
@@ -55,20 +56,13 @@ class MeshTarget:
 
     @property
     def ops(self):
-        return _sharded_ops(self.base.module_name, self.base.module, self.kind)
+        return sharded_ops(self.base, self.kind.axes, self.kind.batch_axis, self.kind.head_axis)
 
     def gated_delta_rule(self, *args, **kwargs):
         return self.ops.gated_delta_rule(*args, **kwargs, **self.base.impl_kwargs())
 
     def gdn_decoupled_conv1d(self, *args, **kwargs):
         return self.ops.gdn_decoupled_conv1d(*args, **kwargs, **self.base.impl_kwargs())
-
-
-@functools.lru_cache(maxsize=None)
-def _sharded_ops(module_name: str, module, kind: MeshKind):
-    del module_name   # part of the cache key only
-    return module.sharded(make_mesh(kind.axes), batch_axis=kind.batch_axis,
-                          head_axis=kind.head_axis)
 
 
 def _without_sharded(target: Target):
@@ -103,18 +97,10 @@ def _shard_case(case, kind: MeshKind, shard):
     changes = dict(batch=case.batch // nb, k_heads=case.k_heads // nh,
                    segments=tuple(case.segments[rows]) if case.segments else ())
     if isinstance(case, MixerCase):
-        changes.update(a_log_shape=_param_block_shape(case.a_log_shape, case.batch, nb, nh),
-                       dt_bias_shape=_param_block_shape(case.dt_bias_shape, case.batch, nb,
-                                                        nh))
+        changes.update(a_log_shape=shard_param_shape(case.a_log_shape, case.batch, nb, nh),
+                       dt_bias_shape=shard_param_shape(case.dt_bias_shape, case.batch, nb,
+                                                       nh))
     return replace(case, **changes)
-
-
-def _param_block_shape(shape, batch, nb, nh):
-    shape = list(shape)
-    if len(shape) > 1 and shape[0] == batch and batch > 1:
-        shape[0] //= nb
-    shape[-1] //= nh
-    return tuple(shape)
 
 
 def _channels(case: MixerCase, kind: MeshKind, j: int) -> np.ndarray:
@@ -145,7 +131,7 @@ def _mixer_block(name, x, case, kind, shard):
     if name == "conv_weight":
         return x[:, chans]
     if name in ("a_log", "dt_bias"):
-        lead = rows if x.ndim > 1 and x.shape[0] == case.batch and case.batch > 1 else slice(None)
+        lead = rows if param_has_batch_axis(x.shape, case.batch) else slice(None)
         return x[lead][..., hv] if x.ndim > 1 else x[hv]
     if name == "recurrent":
         return x[rows, hv]
@@ -256,8 +242,8 @@ def _mixer_shard_rows(one: Target, case, kind, shard, inputs, state, m_out):
       wrong_target="gdn_mutant_sharded_value_heads_by_key_index:xla", weight=0.1,
       devices=MESH_DEVICES, examples=MIXER_GVA_SPLIT,
       covers={**MESH_COVERS, **HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments),
-              "a_log with a batch axis": lambda c: len(c.a_log_shape) > 1
-              and c.a_log_shape[0] == c.batch > 1})
+              "a_log with a batch axis": lambda c: param_has_batch_axis(c.a_log_shape,
+                                                                        c.batch)})
 def sharded_mixer_equals_one_device(target, case: MixerCase):
     """gdn_decoupled_conv1d over a mesh of 8 devices, from a carried
     GDNState, equals the one-device mixer: outputs, returned state and every
@@ -297,8 +283,8 @@ def allowed_collectives(case, kind: MeshKind) -> Dict[str, set]:
         return {}
     nb, nh = kind.shards
     local_b, c, w = case.batch // nb, case.channels, case.conv_width
-    params = {(w, c // nh), _param_block_shape(case.a_log_shape, case.batch, nb, nh),
-              _param_block_shape(case.dt_bias_shape, case.batch, nb, nh)}
+    params = {(w, c // nh), shard_param_shape(case.a_log_shape, case.batch, nb, nh),
+              shard_param_shape(case.dt_bias_shape, case.batch, nb, nh)}
     moves = {(local_b, case.seq_len, c), (local_b, w - 1, c), (w, c)} if nh > 1 else set()
     return {"all-reduce": params | moves, "all-gather": moves, "all-to-all": moves,
             "collective-permute": moves, "reduce-scatter": moves}
