@@ -13,8 +13,9 @@ with the float64 oracle.
 
 Every comparison uses the contract's bound (tolerance `sharded`, float32
 1e-6 relative), also a shard's results against the one-device op on that
-shard alone: gdn_kernels measured bitwise there (ratio 0.00), but the contract promises summation-order error only, and a correct
-implementation that is not ours may fuse a shard's program differently.
+shard alone: gdn_kernels measured bitwise there (ratio 0.00), but the
+contract promises summation-order error only, and a correct implementation
+that is not ours may fuse a shard's program differently.
 A target module without `sharded` (section 8 not implemented) gets one
 row "not checkable", counted in the summary.
 """
