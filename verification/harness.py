@@ -97,8 +97,26 @@ def hypothesis_test(p: Property):
 
 
 def stats_json() -> dict:
-    """Per-property statistics as plain JSON (for the mutation runner)."""
+    """Per-property statistics as plain JSON (for the mutation runner, and
+    from pytest-xdist workers to the controller): counts, and the worst row
+    of each tensor."""
     return {name: {"examples": st.examples, "failures": st.failures,
                    "first_failure_at": st.first_failure_at, "seconds": st.seconds,
-                   "compiles": st.compiles, "not_checkable": st.not_checkable}
+                   "compiles": st.compiles, "not_checkable": st.not_checkable,
+                   "worst": [dataclasses.asdict(r) for r in st.worst.values()]}
             for name, st in STATS.items()}
+
+
+def merge_stats_json(stats: dict) -> None:
+    """Add one process's stats_json() into STATS (a property whose examples
+    ran in several processes sums its counts and keeps the worst rows)."""
+    for name, d in stats.items():
+        st = STATS.setdefault(name, PropertyStats())
+        if d["first_failure_at"] and not st.first_failure_at:
+            st.first_failure_at = st.examples + d["first_failure_at"]
+        st.examples += d["examples"]
+        st.failures += d["failures"]
+        st.seconds += d["seconds"]
+        st.compiles += d["compiles"]
+        st.not_checkable += d["not_checkable"]
+        _update_worst(st, [TensorError(**r) for r in d.get("worst", ())])

@@ -20,6 +20,8 @@ register_profiles()
 settings.load_profile(selected_profile())
 
 _START = {"t": time.perf_counter(), "compiles": 0}
+# XLA compiles reported by pytest-xdist workers (the controller runs no check).
+_WORKERS = {"compiles": 0}
 
 
 def pytest_addoption(parser):
@@ -136,19 +138,40 @@ def summary_lines():
             w += f"; {st.not_checkable} example(s) not checkable (see the rows' notes)"
         lines.append(f"{name:<42}{st.examples:>9}{st.failures:>5}{st.compiles:>9}"
                      f"{st.seconds:>8.1f}  {w}")
-    lines.append(f"total: {total_ex} examples, {runners.compile_count() - _START['compiles']} "
+    lines.append(f"total: {total_ex} examples, {_compiles_here() + _WORKERS['compiles']} "
                  f"XLA compiles, {time.perf_counter() - _START['t']:.0f} s; "
                  f"target {Target.parse().spec}, profile {_profile_name()}")
     return lines
 
 
+def _compiles_here() -> int:
+    return runners.compile_count() - _START["compiles"]
+
+
 def pytest_sessionfinish(session, exitstatus):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:          # a pytest-xdist worker: report to the controller
+        import json
+        workeroutput["gdn_stats"] = json.dumps({"properties": harness.stats_json(),
+                                                "compiles": _compiles_here()})
     path = os.environ.get("GDN_STATS_FILE")
-    if path:
+    if path and workeroutput is None:     # the controller (or a serial run) writes it
         import json
         with open(path, "w") as f:
             json.dump({"exitstatus": int(exitstatus), "properties": harness.stats_json(),
-                       "compiles": runners.compile_count() - _START["compiles"]}, f)
+                       "compiles": _compiles_here() + _WORKERS["compiles"]}, f)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist controller: merge a finished worker's statistics, so the
+    summary is one table over every worker."""
+    import json
+    payload = getattr(node, "workeroutput", {}).get("gdn_stats")
+    if payload:
+        data = json.loads(payload)
+        harness.merge_stats_json(data["properties"])
+        _WORKERS["compiles"] += data["compiles"]
 
 
 def pytest_terminal_summary(terminalreporter):
