@@ -8,6 +8,9 @@
       table; exit 1 if it still fails
   gdn-verify mutants [--only NAME ...] [--report-dir DIR] [--jobs N]
       the seeded-bug kill report (see verification/mutants)
+  gdn-verify merge-reports FILE... [--report-dir DIR]
+      join the JSON reports of suite shards (--gdn-shard I/N with
+      GDN_STATS_FILE) into one verdict: merged-report.json / .md
   gdn-verify bench [BENCH OPTIONS]
       the benchmark harness, same as `python -m benchmarks` (see --help there)
 """
@@ -66,6 +69,20 @@ def replay(path: str, target: Optional[str]) -> int:
     return 0
 
 
+def merge_reports(files: List[str], report_dir: str) -> int:
+    """Write merged-report.json / .md; 0 when every shard passed."""
+    import json
+    from .reports import markdown, merge
+    report = merge(files)
+    text = markdown(report)
+    with open(os.path.join(report_dir, "merged-report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(report_dir, "merged-report.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0 if text.splitlines()[-1].startswith("PASS") else 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # every option belongs to the benchmark's own parser
@@ -93,11 +110,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     mut.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                      help="mutant runs at once, each a fresh pytest process "
                           "(default: the available cores)")
+    merge = sub.add_parser("merge-reports", help="join suite shard reports into one verdict")
+    merge.add_argument("files", nargs="+")
+    merge.add_argument("--report-dir", default=".")
     sub.add_parser("bench", add_help=False,
                    help="benchmark harness (python -m benchmarks; gdn-verify bench --help)")
     args = parser.parse_args(argv)
     if args.command == "replay":
         return replay(args.file, args.target)
+    if args.command == "merge-reports":
+        return merge_reports(args.files, args.report_dir)
     if args.command == "mutants":
         from .mutants.runner import main as mutants_main
         return mutants_main(args.only, args.report_dir, args.examples, args.jobs)

@@ -33,6 +33,10 @@ def pytest_addoption(parser):
                     help="run only these registered properties (by id; 'all' = every "
                          f"property, no other test; '{registry.SHARDED_SUBSET}' = those "
                          "declared on_sharded_target)")
+    group.addoption("--gdn-shard", default=None, metavar="I/N",
+                    help="run only shard I of N (1-based) of the selected tests: a stable "
+                         "split by test id, for CI jobs whose reports `gdn-verify "
+                         "merge-reports` joins")
 
 
 def pytest_configure(config):
@@ -58,7 +62,36 @@ def selected_ids(option: str):
         raise pytest.UsageError(f"--gdn-properties: {err}") from None
 
 
+def parse_shard(text: str):
+    """"I/N" -> (I, N) with 1 <= I <= N (UsageError otherwise)."""
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        i = n = 0
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"--gdn-shard: expected I/N with 1 <= I <= N, got {text!r}")
+    return i, n
+
+
+def _keep(config, items, keep):
+    """Deselect every item not in keep (order kept)."""
+    drop = [item for item in items if item not in keep]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = [item for item in items if item in keep]
+
+
 def pytest_collection_modifyitems(config, items):
+    _select_properties(config, items)
+    shard = config.getoption("--gdn-shard", default=None)
+    if shard:
+        i, n = parse_shard(shard)
+        ids = sorted(item.nodeid for item in items)
+        mine = {nodeid for k, nodeid in enumerate(ids) if k % n == i - 1}
+        _keep(config, items, [item for item in items if item.nodeid in mine])
+
+
+def _select_properties(config, items):
     option = config.getoption("--gdn-properties", default=None)
     if not option:
         return
