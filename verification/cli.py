@@ -7,10 +7,12 @@
       rebuild a counterexample's inputs, rerun its property, print the error
       table; exit 1 if it still fails
   gdn-verify mutants [--only NAME ...] [--report-dir DIR] [--jobs N]
-      the seeded-bug kill report (see verification/mutants)
+      the seeded-bug kill report (see verification/mutants); --shard I/N
+      runs one shard of it
   gdn-verify merge-reports FILE... [--report-dir DIR]
       join the JSON reports of suite shards (--gdn-shard I/N with
-      GDN_STATS_FILE) into one verdict: merged-report.json / .md
+      GDN_STATS_FILE) or of mutation shards (mutants --shard I/N) into one
+      verdict: merged-report.json / .md
   gdn-verify bench [BENCH OPTIONS]
       the benchmark harness, same as `python -m benchmarks` (see --help there)
 """
@@ -107,6 +109,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     mut.add_argument("--only", nargs="*", default=None)
     mut.add_argument("--report-dir", default=".")
     mut.add_argument("--examples", type=int, default=None)
+    mut.add_argument("--shard", default=None, metavar="I/N",
+                     help="run every N-th mutant run and baseline property, from the I-th")
     mut.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                      help="mutant runs at once, each a fresh pytest process "
                           "(default: the available cores)")
@@ -122,7 +126,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return merge_reports(args.files, args.report_dir)
     if args.command == "mutants":
         from .mutants.runner import main as mutants_main
-        return mutants_main(args.only, args.report_dir, args.examples, args.jobs)
+        from .reports import parse_shard
+        shard = parse_shard(args.shard) if args.shard else None
+        return mutants_main(args.only, args.report_dir, args.examples, args.jobs, shard)
     return run_suite(args.target, args.profile, extra)
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from hypothesis import settings
 
-from . import counterexamples, harness, registry, runners
+from . import counterexamples, harness, registry, reports, runners
 from .profiles import register_profiles, selected_profile
 from .targets import ENV_VAR as TARGET_ENV
 from .targets import Target
@@ -62,17 +62,6 @@ def selected_ids(option: str):
         raise pytest.UsageError(f"--gdn-properties: {err}") from None
 
 
-def parse_shard(text: str):
-    """"I/N" -> (I, N) with 1 <= I <= N (UsageError otherwise)."""
-    try:
-        i, n = (int(v) for v in text.split("/"))
-    except ValueError:
-        i = n = 0
-    if not 1 <= i <= n:
-        raise pytest.UsageError(f"--gdn-shard: expected I/N with 1 <= I <= N, got {text!r}")
-    return i, n
-
-
 def _keep(config, items, keep):
     """Deselect every item not in keep (order kept)."""
     drop = [item for item in items if item not in keep]
@@ -85,7 +74,10 @@ def pytest_collection_modifyitems(config, items):
     _select_properties(config, items)
     shard = config.getoption("--gdn-shard", default=None)
     if shard:
-        i, n = parse_shard(shard)
+        try:
+            i, n = reports.parse_shard(shard)
+        except ValueError as err:
+            raise pytest.UsageError(f"--gdn-shard: {err}") from None
         ids = sorted(item.nodeid for item in items)
         mine = {nodeid for k, nodeid in enumerate(ids) if k % n == i - 1}
         _keep(config, items, [item for item in items if item.nodeid in mine])

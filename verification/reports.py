@@ -10,28 +10,68 @@ compiles and seconds are summed and the worst row of each tensor kept.
 from __future__ import annotations
 
 import json
-from typing import List
+from typing import List, Tuple
 
 from . import harness
 from .tolerance import TensorError
 
 
+def parse_shard(text: str) -> Tuple[int, int]:
+    """"I/N" -> (I, N) with 1 <= I <= N (ValueError naming the option otherwise)."""
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        i = n = 0
+    if not 1 <= i <= n:
+        raise ValueError(f"shard: expected I/N with 1 <= I <= N, got {text!r}")
+    return i, n
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
 def merge(paths: List[str]) -> dict:
-    """The merged report of the shard reports at paths."""
+    """The merged report of the shard reports at paths (all suite reports or
+    all mutation reports)."""
+    reports = [_load(p) for p in paths]
+    if reports and all("mutants" in r for r in reports):
+        return _merge_mutation(reports)
+    return _merge_suite(reports)
+
+
+def _merge_mutation(reports: List[dict]) -> dict:
+    from .mutants.runner import kill_summary
+    results = [m for r in reports for m in r["mutants"]]
+    passed = all(r["baseline"]["passed"] for r in reports)
+    wall = max(r.get("wall_s", 0.0) for r in reports)
+    verdict = kill_summary(results, passed, wall)
+    return {"kind": "mutation", "shards": len(reports), "mutants": results,
+            "baseline_passed": passed, **verdict}
+
+
+def _merge_suite(reports: List[dict]) -> dict:
     harness.STATS.clear()
     exit_statuses, compiles = [], 0
-    for path in paths:
-        with open(path) as f:
-            report = json.load(f)
+    for report in reports:
         exit_statuses.append(int(report["exitstatus"]))
         compiles += int(report.get("compiles", 0))
         harness.merge_stats_json(report["properties"])
-    return {"exitstatus": max(exit_statuses, default=1), "shards": len(paths),
+    return {"kind": "suite", "exitstatus": max(exit_statuses, default=1), "shards": len(reports),
             "compiles": compiles, "properties": harness.stats_json()}
 
 
 def markdown(report: dict) -> str:
-    """The merged report as a Markdown table and a verdict line."""
+    """The merged report as a Markdown table and a verdict line (PASS / FAIL)."""
+    if report["kind"] == "mutation":
+        from .mutants.runner import markdown as mutation_table
+        table = mutation_table({"mutants": report["mutants"],
+                                "baseline": {"target": "gdn_kernels:xla", "passed":
+                                             report["baseline_passed"], "wall_s": "-"},
+                                "summary": ""})
+        return (table.rstrip() + f"\n\n{'PASS' if report['passed'] else 'FAIL'}: "
+                f"{report['shards']} shard(s); {report['summary']}")
     lines = ["| property | examples | failures | compiles | seconds | worst ratio |",
              "|---|---|---|---|---|---|"]
     for name, st in sorted(report["properties"].items()):

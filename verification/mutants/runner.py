@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..registry import load_all, select
 from . import MUTANTS, PREFIX, PatchError, materialize
@@ -139,8 +139,30 @@ def _print_result(r: dict) -> None:
           f"{r['wall_s']} s", flush=True)
 
 
+def shard_of(items: list, shard: Optional[Tuple[int, int]]) -> list:
+    """Items k with k % N == I - 1 for shard (I, N) (all of them for None)."""
+    if shard is None:
+        return list(items)
+    i, n = shard
+    return [item for k, item in enumerate(items) if k % n == i - 1]
+
+
+def kill_summary(results: List[dict], baseline_passed: bool, seconds: float) -> dict:
+    """The kill-rate line and numbers of a list of mutant results."""
+    killed = sum(r["killed"] for r in results)
+    to_kill = [r["examples_to_kill"] for r in results if r["killed"] and r["examples_to_kill"]]
+    median = statistics.median(to_kill) if to_kill else None
+    line = (f"kill rate: {killed}/{len(results)} = {100.0 * killed / max(1, len(results)):.0f}% "
+            f"(median examples to kill: {median}; unmutated package "
+            f"{'passes' if baseline_passed else 'FAILS'}; {seconds:.0f} s)")
+    return {"summary": line, "kill_rate": killed / max(1, len(results)),
+            "median_examples_to_kill": median,
+            "passed": killed == len(results) and baseline_passed}
+
+
 def main(only: Optional[List[str]] = None, report_dir: str = ".",
-         examples: Optional[int] = None, jobs: int = 1) -> int:
+         examples: Optional[int] = None, jobs: int = 1,
+         shard: Optional[Tuple[int, int]] = None) -> int:
     names = only or list(MUTANTS)
     unknown = [n for n in names if n not in MUTANTS]
     if unknown:
@@ -149,18 +171,21 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
     for n in names:                      # killers must be registered properties
         select(MUTANTS[n].killers)
     mutant_dir = tempfile.mkdtemp(prefix="gdn-mutants-")
-    union = sorted({p for n in names for p in MUTANTS[n].killers})
+    # a shard (I, N) runs every N-th (mutant, impl) and every N-th property
+    # of the unmutated baseline; merge-reports joins the shards' reports
+    union = shard_of(sorted({p for n in names for p in MUTANTS[n].killers}), shard)
     t0 = time.perf_counter()
     # the unmutated package may use the persistent compile cache (if the
     # caller configured one); mutants never do
     _materialize_all(names, mutant_dir)
-    runs = [(name, impl) for name in names for impl in MUTANTS[name].impls]
+    runs = shard_of([(name, impl) for name in names for impl in MUTANTS[name].impls], shard)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        base_job = pool.submit(run_suite_process, "gdn_kernels:xla", union, mutant_dir,
-                               examples, True)
+        base_job = (pool.submit(run_suite_process, "gdn_kernels:xla", union, mutant_dir,
+                                examples, True) if union else None)
         jobs_ = [pool.submit(run_mutant, name, impl, mutant_dir, examples)
                  for name, impl in runs]
-        base = base_job.result()
+        base = (base_job.result() if base_job else
+                {"returncode": 0, "wall_s": 0.0, "tail": ""})     # no baseline property here
         baseline = {"target": "gdn_kernels:xla", "passed": base["returncode"] == 0,
                     "wall_s": round(base["wall_s"], 1),
                     "log_tail": None if base["returncode"] == 0 else base["tail"]}
@@ -170,18 +195,17 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
         for job in jobs_:
             results.append(job.result())
             _print_result(results[-1])
-    killed = sum(r["killed"] for r in results)
-    to_kill = [r["examples_to_kill"] for r in results if r["killed"] and r["examples_to_kill"]]
-    median = statistics.median(to_kill) if to_kill else None
-    summary = (f"kill rate: {killed}/{len(results)} = {100.0 * killed / max(1, len(results)):.0f}% "
-               f"(median examples to kill: {median}; unmutated package "
-               f"{'passes' if baseline['passed'] else 'FAILS'}; {time.perf_counter() - t0:.0f} s)")
+    verdict = kill_summary(results, baseline["passed"], time.perf_counter() - t0)
+    summary = verdict["summary"]
     report = {"mutants": results, "baseline": baseline, "summary": summary,
-              "kill_rate": killed / max(1, len(results)), "median_examples_to_kill": median}
+              "kill_rate": verdict["kill_rate"],
+              "median_examples_to_kill": verdict["median_examples_to_kill"],
+              "shard": f"{shard[0]}/{shard[1]}" if shard else "1/1",
+              "wall_s": round(time.perf_counter() - t0, 1)}
     os.makedirs(report_dir, exist_ok=True)
     with open(os.path.join(report_dir, "mutation-report.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(report_dir, "mutation-report.md"), "w") as f:
         f.write(markdown(report) + "\n")
     print(summary, flush=True)
-    return 0 if killed == len(results) and baseline["passed"] else 1
+    return 0 if verdict["passed"] else 1
