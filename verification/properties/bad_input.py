@@ -18,6 +18,7 @@ from strategies.inputs import mixer_inputs
 from ..registry import prop
 from ..runners import mixer_static
 from ..tolerance import structural_row
+from .common import names_argument
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +164,7 @@ def bad_input_raises_named_error(target, case: MixerCase):
             call()
             ok, note = False, "no error raised"
         except violation.error as err:
-            ok = re.search(rf"\b{re.escape(violation.argument)}\b", str(err)) is not None
+            ok = names_argument(str(err), violation.argument)
             note = f"message does not name {violation.argument!r}: {err}"
         except Exception as err:  # noqa: BLE001 - the finding is the wrong type
             ok, note = False, f"{type(err).__name__} instead of {violation.error.__name__}: {err}"

@@ -3,6 +3,8 @@ judged by, the oracle-parity rows, and shape/dtype rows."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from strategies.cases import DeltaRuleCase, MixerCase
@@ -53,3 +55,12 @@ def parity_rows(target, case, with_grads: bool):
                                           dtype_of(case, n)))
             rows.append(shape_dtype_row("d" + n, k_grads[n], inputs[n]))
     return rows
+
+
+def names_argument(message: str, argument: str) -> bool:
+    """The error message names `argument` as an argument: at its start,
+    followed by a colon or by `=` (x=float64), or quoted ('x', "x", `x`). A bare word is not
+    enough: a one-letter name (x, a, q...) turns up by chance in any
+    message, JAX's own errors included."""
+    arg = re.escape(argument)
+    return re.search(rf"^{arg}\b|(?<![\w.]){arg}[:=]|['\"`]{arg}['\"`]", message) is not None

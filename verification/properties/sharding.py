@@ -42,6 +42,7 @@ from .. import runners
 from ..registry import prop
 from ..targets import Target, make_mesh, sharded_ops
 from ..tolerance import NOT_CHECKABLE, TensorError, compare_sharded, structural_row
+from .common import names_argument
 from .state import tensor_dtype
 
 
@@ -317,14 +318,16 @@ def sharded_code_communicates_only_as_allowed(target, case):
 
 # ------------------------------------------------------------ bad input
 
-def _expect(name, call, error, *words) -> TensorError:
-    """Row: call() raises `error` whose message contains every word."""
+def _expect(name, call, error, argument, *words) -> TensorError:
+    """Row: call() raises `error` whose message names `argument` (as an
+    argument: common.names_argument) and contains every word."""
     try:
         call()
         ok, note = False, "no error raised"
     except error as err:
         missing = [w for w in words if not re.search(rf"(?<![\w.]){re.escape(w)}(?![\w])",
                                                       str(err))]
+        missing += [] if names_argument(str(err), argument) else [f"argument {argument}"]
         ok, note = not missing, f"message lacks {missing}: {err}"
     except Exception as err:  # noqa: BLE001 - the finding is the wrong type
         ok, note = False, f"{type(err).__name__} instead of {error.__name__}: {err}"
@@ -353,7 +356,7 @@ def _as_delta_case(case: MixerCase) -> DeltaRuleCase:
 @prop("sharded_bad_input_raises_named_error", family="sharding",
       strategy=mixer_cases(near_zero=False),
       wrong_target="gdn_mutant_sharded_divisibility_unchecked:xla", weight=0.1,
-      devices=MESH_DEVICES, covers=MESH_COVERS)
+      devices=MESH_DEVICES, examples=MIXER_GVA_SPLIT[:1], covers=MESH_COVERS)
 def sharded_bad_input_raises_named_error(target, case: MixerCase):
     """A batch or a key-head count that the mesh axis does not divide raises
     ValueError naming the argument, the axis and both sizes, before any
