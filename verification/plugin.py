@@ -163,6 +163,9 @@ def summary_lines():
             w += f"; {st.not_checkable} example(s) not checkable (see the rows' notes)"
         lines.append(f"{name:<42}{st.examples:>9}{st.failures:>5}{st.compiles:>9}"
                      f"{st.seconds:>8.1f}  {w}")
+    from .reports import projection_line
+    lines.append(projection_line([st.seconds for st in harness.STATS.values()],
+                                 "property-test"))
     lines.append(f"total: {total_ex} examples, {_compiles_here() + _WORKERS['compiles']} "
                  f"XLA compiles, {time.perf_counter() - _START['t']:.0f} s; "
                  f"target {Target.parse().spec}, profile {_profile_name()}")

@@ -87,3 +87,22 @@ def markdown(report: dict) -> str:
                  f"{report['compiles']} XLA compiles"
                  + (f"; failing: {', '.join(sorted(failed))}" if failed else ""))
     return "\n".join(lines)
+
+
+PROJECTED_CORES = (2, 4, 8, 16)
+
+
+def projected_wall(seconds: List[float], cores: int) -> float:
+    """Wall time of independent jobs of these durations on `cores` parallel
+    workers, longest first onto the least-loaded worker (LPT scheduling; a
+    job is one process, compile-bound on one core)."""
+    loads = [0.0] * max(1, cores)
+    for s in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
+
+
+def projection_line(seconds: List[float], what: str) -> str:
+    """"projected wall: 2 cores 900 s, 4 cores 460 s, ..." for these jobs."""
+    parts = ", ".join(f"{c} cores {projected_wall(seconds, c):.0f} s" for c in PROJECTED_CORES)
+    return f"projected {what} wall (one job per core, from the measured times): {parts}"

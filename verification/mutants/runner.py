@@ -116,7 +116,7 @@ def markdown(report: dict) -> str:
     b = report["baseline"]
     lines += ["", f"Unmutated package ({b['target']}): {'passes' if b['passed'] else '**FAILS**'} "
               f"on the union of the subsets ({b['wall_s']} s).",
-              "", report["summary"]]
+              "", report.get("projection", ""), "", report["summary"]]
     return "\n".join(lines)
 
 
@@ -196,16 +196,20 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
             results.append(job.result())
             _print_result(results[-1])
     verdict = kill_summary(results, baseline["passed"], time.perf_counter() - t0)
+    from ..reports import projection_line
+    projection = projection_line([base["wall_s"]] + [r["wall_s"] for r in results],
+                                 "mutation-run")
     summary = verdict["summary"]
     report = {"mutants": results, "baseline": baseline, "summary": summary,
               "kill_rate": verdict["kill_rate"],
               "median_examples_to_kill": verdict["median_examples_to_kill"],
               "shard": f"{shard[0]}/{shard[1]}" if shard else "1/1",
-              "wall_s": round(time.perf_counter() - t0, 1)}
+              "wall_s": round(time.perf_counter() - t0, 1), "projection": projection}
     os.makedirs(report_dir, exist_ok=True)
     with open(os.path.join(report_dir, "mutation-report.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(report_dir, "mutation-report.md"), "w") as f:
         f.write(markdown(report) + "\n")
+    print(projection, flush=True)
     print(summary, flush=True)
     return 0 if verdict["passed"] else 1
