@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import subprocess
+import tempfile
 from typing import Optional
 
 from strategies.cases import case_from_json, case_to_json
@@ -54,8 +55,13 @@ def write(prop: str, case, target: str, profile: str, rows, table: str,
         "versions": _versions(), "git_commit": _git_commit(),
         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
-    with open(path, "w") as f:
+    # written whole under a temporary name, then renamed: pytest-xdist
+    # workers and shard jobs sharing the folder never see a partial file
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    with os.fdopen(fd, "w") as f:
         json.dump(record, f, indent=2, default=str)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
     return path
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 from hypothesis import example, given, settings
@@ -96,7 +96,7 @@ def hypothesis_test(p: Property):
     return getattr(pytest.mark, MARKER)(p.id)(examples(p.weight)(wrapped))
 
 
-def stats_json() -> dict:
+def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
     """Per-property statistics as plain JSON (for the mutation runner, and
     from pytest-xdist workers to the controller): counts, and the worst row
     of each tensor."""
@@ -104,14 +104,16 @@ def stats_json() -> dict:
                    "first_failure_at": st.first_failure_at, "seconds": st.seconds,
                    "compiles": st.compiles, "not_checkable": st.not_checkable,
                    "worst": [dataclasses.asdict(r) for r in st.worst.values()]}
-            for name, st in STATS.items()}
+            for name, st in (STATS if stats is None else stats).items()}
 
 
-def merge_stats_json(stats: dict) -> None:
-    """Add one process's stats_json() into STATS (a property whose examples
-    ran in several processes sums its counts and keeps the worst rows)."""
+def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = None) -> None:
+    """Add one process's stats_json() into `into` (default: this process's
+    STATS); a property whose examples ran in several processes sums its
+    counts and keeps the worst rows."""
+    into = STATS if into is None else into
     for name, d in stats.items():
-        st = STATS.setdefault(name, PropertyStats())
+        st = into.setdefault(name, PropertyStats())
         if d["first_failure_at"] and not st.first_failure_at:
             st.first_failure_at = st.examples + d["first_failure_at"]
         st.examples += d["examples"]

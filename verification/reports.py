@@ -42,8 +42,11 @@ def merge(paths: List[str]) -> dict:
 
 
 def _merge_mutation(reports: List[dict]) -> dict:
+    from .mutants import MUTANTS
     from .mutants.runner import kill_summary
-    results = [m for r in reports for m in r["mutants"]]
+    order = {name: k for k, name in enumerate(MUTANTS)}       # the catalog's order
+    results = sorted((m for r in reports for m in r["mutants"]),
+                     key=lambda m: (order.get(m["mutant"], len(order)), m["mutant"], m["impl"]))
     passed = all(r["baseline"]["passed"] for r in reports)
     wall = max(r.get("wall_s", 0.0) for r in reports)
     verdict = kill_summary(results, passed, wall)
@@ -52,14 +55,14 @@ def _merge_mutation(reports: List[dict]) -> dict:
 
 
 def _merge_suite(reports: List[dict]) -> dict:
-    harness.STATS.clear()
+    merged: dict = {}
     exit_statuses, compiles = [], 0
     for report in reports:
         exit_statuses.append(int(report["exitstatus"]))
         compiles += int(report.get("compiles", 0))
-        harness.merge_stats_json(report["properties"])
+        harness.merge_stats_json(report["properties"], into=merged)
     return {"kind": "suite", "exitstatus": max(exit_statuses, default=1), "shards": len(reports),
-            "compiles": compiles, "properties": harness.stats_json()}
+            "compiles": compiles, "properties": harness.stats_json(merged)}
 
 
 def markdown(report: dict) -> str:

@@ -1,7 +1,12 @@
-"""The suite under pytest-xdist gives a serial run's verdicts and summary:
-the same properties on a wrong target, derandomized, once serially and once
-with `-n 2`; the per-property statistics the workers report are merged into
-one table (examples, failures, compiles)."""
+"""Parallel gating: the suite under pytest-xdist and split into shards
+gives a serial run's verdicts and summary, and the reports merge into one.
+
+The subprocess tests run the same properties on a wrong target,
+derandomized: once serially, once with `-n 2` (workers report their
+per-property statistics to the controller: one table of examples,
+failures and compiles; both workers share one compile cache), and as three
+`--gdn-shard I/3` runs whose reports `gdn-verify merge-reports` joins.
+"""
 
 import json
 import os
@@ -10,31 +15,113 @@ import sys
 
 import pytest
 
-pytest.importorskip("xdist")
+from verification import reports
+from verification.mutants import MUTANTS
+from verification.mutants.runner import shard_of
 
 WRONG = "verification.wrong_targets.nondeterministic"
-PROPERTIES = "determinism,causality"
+# determinism fails on this target; the others pass (four tests: no shard of three is empty)
+PROPERTIES = "determinism,causality,batch_independence,split_invariance"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(tmp_path, name, extra):
+    """One pytest process on the wrong target; (process, its stats report)."""
     stats = tmp_path / f"{name}.json"
-    env = dict(os.environ, GDN_PROFILE="ci", GDN_CI_EXAMPLES="4", GDN_STATS_FILE=str(stats))
+    env = dict(os.environ, GDN_PROFILE="ci", GDN_CI_EXAMPLES="4", GDN_STATS_FILE=str(stats),
+               GDN_COUNTEREXAMPLES=str(tmp_path / "counterexamples"),
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "verification.plugin", "-q",
          "-p", "no:cacheprovider", "verification/test_properties.py",
          "--gdn-target", WRONG, "--gdn-properties", PROPERTIES, *extra],
-        env=env, capture_output=True, text=True, timeout=1200,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     return proc, json.loads(stats.read_text())
 
 
-def test_parallel_run_matches_serial_verdicts_and_summary(tmp_path):
-    serial, s_stats = _run(tmp_path, "serial", [])
-    parallel, p_stats = _run(tmp_path, "parallel", ["-n", "2"])
-    assert serial.returncode == parallel.returncode != 0, (serial.stdout[-2000:],
-                                                           parallel.stdout[-2000:])
-    verdict = {n: (d["failures"] > 0) for n, d in s_stats["properties"].items()}
-    assert verdict == {n: (d["failures"] > 0) for n, d in p_stats["properties"].items()}
-    assert "gdn-verify summary" in parallel.stdout
+def _verdicts(stats: dict) -> dict:
+    return {name: (d["failures"] > 0, d["examples"]) for name, d in stats["properties"].items()}
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("serial"), "serial", [])
+
+
+def test_parallel_run_matches_serial_verdicts_and_summary(serial, tmp_path):
+    pytest.importorskip("xdist")
+    s_proc, s_stats = serial
+    p_proc, p_stats = _run(tmp_path, "parallel", ["-n", "2"])
+    assert s_proc.returncode == p_proc.returncode == 1, (s_proc.stdout[-2000:],
+                                                          p_proc.stdout[-2000:])
+    assert _verdicts(s_stats) == _verdicts(p_stats)
+    assert p_stats["compiles"] > 0                   # the workers' compiles reach the controller
+    summary = p_proc.stdout.split("gdn-verify summary")[1]
     for name in PROPERTIES.split(","):
-        assert name in parallel.stdout.split("gdn-verify summary")[1]
+        assert name in summary
+    files = os.listdir(tmp_path / "counterexamples")
+    assert files and all(f.startswith("determinism-") and f.endswith(".json") for f in files)
+
+
+def test_shard_reports_merge_to_the_unsharded_verdicts(serial, tmp_path):
+    s_proc, s_stats = serial
+    shards = [_run(tmp_path, f"shard{i}", ["--gdn-shard", f"{i}/3"]) for i in (1, 2, 3)]
+    ran = [set(stats["properties"]) for _, stats in shards]
+    assert all(ran) and sum(map(len, ran)) == len(set().union(*ran)) == 4   # a partition
+    merged = reports.merge([str(tmp_path / f"shard{i}.json") for i in (1, 2, 3)])
+    assert _verdicts(merged) == _verdicts(s_stats)
+    assert merged["exitstatus"] == s_proc.returncode == 1
+    text = reports.markdown(merged)
+    assert text.splitlines()[-1].startswith("FAIL: 3 shard(s)") and "determinism" in text
+
+
+def test_bad_shard_option_is_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "verification.plugin", "-q",
+                           "-p", "no:cacheprovider", "--collect-only",
+                           "verification/test_tolerance.py", "--gdn-shard", "4/3"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 4 and "--gdn-shard" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("text", ["0/3", "4/3", "3", "a/b", "1/0", ""])
+def test_parse_shard_rejects_what_is_not_i_of_n(text):
+    with pytest.raises(ValueError, match="shard"):
+        reports.parse_shard(text)
+
+
+def test_shards_of_a_list_partition_it_in_order():
+    items = list(range(10))
+    parts = [shard_of(items, (i, 3)) for i in (1, 2, 3)]
+    assert sorted(sum(parts, [])) == items and parts[0] == [0, 3, 6, 9]
+    assert shard_of(items, None) == items
+
+
+def test_projected_wall_is_longest_first_onto_the_least_loaded_core():
+    jobs = [4.0, 3.0, 3.0, 2.0, 2.0]
+    assert reports.projected_wall(jobs, 1) == sum(jobs)
+    assert reports.projected_wall(jobs, 2) == 8.0          # 4+2+2 | 3+3: LPT, not the optimum 7
+    assert reports.projected_wall(jobs, 16) == max(jobs)
+    assert "4 cores" in reports.projection_line(jobs, "x")
+
+
+def _mutant_record(name, impl, killed):
+    return {"mutant": name, "impl": impl, "description": "", "killed": killed,
+            "killed_by": "p" if killed else None, "examples_to_kill": 2 if killed else None,
+            "status": "killed" if killed else "survived", "wall_s": 1.0, "subset": "-"}
+
+
+def test_mutation_shards_merge_in_catalog_order_with_one_kill_rate(tmp_path):
+    names = list(MUTANTS)[:3]
+    records = [_mutant_record(n, "xla", killed=(k != 1)) for k, n in enumerate(names)]
+    paths = []
+    for i, part in enumerate(([records[2], records[0]], [records[1]])):
+        path = tmp_path / f"m{i}.json"
+        path.write_text(json.dumps({"mutants": part, "baseline": {"passed": True},
+                                    "wall_s": 5.0 + i}))
+        paths.append(str(path))
+    merged = reports.merge(paths)
+    assert [m["mutant"] for m in merged["mutants"]] == names
+    assert merged["summary"].startswith("kill rate: 2/3") and not merged["passed"]
+    assert reports.markdown(merged).splitlines()[-1].startswith("FAIL: 2 shard(s)")
