@@ -22,6 +22,9 @@ settings.load_profile(selected_profile())
 _START = {"t": time.perf_counter(), "compiles": 0}
 # XLA compiles reported by pytest-xdist workers (the controller runs no check).
 _WORKERS = {"compiles": 0}
+# Seconds of every test (setup + call + teardown) by node id; under xdist the
+# controller receives each worker's reports, so this covers the whole run.
+TEST_SECONDS: dict = {}
 
 
 def pytest_addoption(parser):
@@ -164,8 +167,7 @@ def summary_lines():
         lines.append(f"{name:<42}{st.examples:>9}{st.failures:>5}{st.compiles:>9}"
                      f"{st.seconds:>8.1f}  {w}")
     from .reports import projection_line
-    lines.append(projection_line([st.seconds for st in harness.STATS.values()],
-                                 "property-test"))
+    lines.append(projection_line(list(TEST_SECONDS.values()), "test-session"))
     lines.append(f"total: {total_ex} examples, {_compiles_here() + _WORKERS['compiles']} "
                  f"XLA compiles, {time.perf_counter() - _START['t']:.0f} s; "
                  f"target {Target.parse().spec}, profile {_profile_name()}")
@@ -187,7 +189,12 @@ def pytest_sessionfinish(session, exitstatus):
         import json
         with open(path, "w") as f:
             json.dump({"exitstatus": int(exitstatus), "properties": harness.stats_json(),
-                       "compiles": _compiles_here() + _WORKERS["compiles"]}, f)
+                       "compiles": _compiles_here() + _WORKERS["compiles"],
+                       "test_seconds": TEST_SECONDS}, f)
+
+
+def pytest_runtest_logreport(report):
+    TEST_SECONDS[report.nodeid] = TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
 
 
 @pytest.hookimpl(optionalhook=True)

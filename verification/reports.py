@@ -56,13 +56,15 @@ def _merge_mutation(reports: List[dict]) -> dict:
 
 def _merge_suite(reports: List[dict]) -> dict:
     merged: dict = {}
-    exit_statuses, compiles = [], 0
+    exit_statuses, compiles, seconds = [], 0, {}
     for report in reports:
         exit_statuses.append(int(report["exitstatus"]))
         compiles += int(report.get("compiles", 0))
+        seconds.update(report.get("test_seconds", {}))
         harness.merge_stats_json(report["properties"], into=merged)
     return {"kind": "suite", "exitstatus": max(exit_statuses, default=1), "shards": len(reports),
-            "compiles": compiles, "properties": harness.stats_json(merged)}
+            "compiles": compiles, "properties": harness.stats_json(merged),
+            "test_seconds": seconds}
 
 
 def markdown(report: dict) -> str:
@@ -85,6 +87,9 @@ def markdown(report: dict) -> str:
     failed = [n for n, st in report["properties"].items() if st["failures"]]
     verdict = "PASS" if report["exitstatus"] == 0 and not failed else "FAIL"
     lines.append("")
+    if report.get("test_seconds"):
+        lines.append(projection_line(list(report["test_seconds"].values()), "test-session"))
+        lines.append("")
     lines.append(f"{verdict}: {report['shards']} shard(s), "
                  f"{sum(st['examples'] for st in report['properties'].values())} examples, "
                  f"{report['compiles']} XLA compiles"
@@ -92,7 +97,7 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-PROJECTED_CORES = (2, 4, 8, 16)
+PROJECTED_CORES = (1, 2, 4, 8, 16)
 
 
 def projected_wall(seconds: List[float], cores: int) -> float:
@@ -106,6 +111,7 @@ def projected_wall(seconds: List[float], cores: int) -> float:
 
 
 def projection_line(seconds: List[float], what: str) -> str:
-    """"projected wall: 2 cores 900 s, 4 cores 460 s, ..." for these jobs."""
-    parts = ", ".join(f"{c} cores {projected_wall(seconds, c):.0f} s" for c in PROJECTED_CORES)
+    """"projected ... wall: 1 core 1800 s, 2 cores 900 s, ..." for these jobs."""
+    parts = ", ".join(f"{c} core{'s' if c > 1 else ''} {projected_wall(seconds, c):.0f} s"
+                      for c in PROJECTED_CORES)
     return f"projected {what} wall (one job per core, from the measured times): {parts}"

@@ -25,10 +25,11 @@ PROPERTIES = "determinism,causality,batch_independence,split_invariance"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(tmp_path, name, extra):
+def _run(tmp_path, name, extra, profile="ci"):
     """One pytest process on the wrong target; (process, its stats report)."""
     stats = tmp_path / f"{name}.json"
-    env = dict(os.environ, GDN_PROFILE="ci", GDN_CI_EXAMPLES="4", GDN_STATS_FILE=str(stats),
+    env = dict(os.environ, GDN_PROFILE=profile, GDN_CI_EXAMPLES="4", GDN_STATS_FILE=str(stats),
+               GDN_HYPOTHESIS_DB=str(tmp_path / f"{name}-examples"),
                GDN_COUNTEREXAMPLES=str(tmp_path / "counterexamples"),
                JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -47,10 +48,25 @@ def _verdicts(stats: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory):
+    """The serial ci-profile run (derandomized: the same examples every run)."""
     return _run(tmp_path_factory.mktemp("serial"), "serial", [])
 
 
+def test_parallel_dev_profile_gives_the_serial_verdicts(tmp_path):
+    """The dev profile draws random examples: verdicts and summary rows agree."""
+    pytest.importorskip("xdist")
+    s_proc, s_stats = _run(tmp_path, "serial-dev", [], profile="dev")
+    p_proc, p_stats = _run(tmp_path, "parallel-dev", ["-n", "2"], profile="dev")
+    assert s_proc.returncode == p_proc.returncode == 1, p_proc.stdout[-2000:]
+    verdict = {n: d["failures"] > 0 for n, d in s_stats["properties"].items()}
+    assert verdict == {n: d["failures"] > 0 for n, d in p_stats["properties"].items()}
+    assert verdict["determinism"] and sum(verdict.values()) == 1
+    summary = p_proc.stdout.split("gdn-verify summary")[1]
+    assert all(name in summary for name in PROPERTIES.split(","))
+
+
 def test_parallel_run_matches_serial_verdicts_and_summary(serial, tmp_path):
+    """The ci profile: verdicts and example counts agree exactly."""
     pytest.importorskip("xdist")
     s_proc, s_stats = serial
     p_proc, p_stats = _run(tmp_path, "parallel", ["-n", "2"])
