@@ -81,8 +81,7 @@ def pytest_collection_modifyitems(config, items):
             i, n = reports.parse_shard(shard)
         except ValueError as err:
             raise pytest.UsageError(f"--gdn-shard: {err}") from None
-        ids = sorted(item.nodeid for item in items)
-        mine = {nodeid for k, nodeid in enumerate(ids) if k % n == i - 1}
+        mine = set(reports.shard_of(sorted(item.nodeid for item in items), (i, n)))
         _keep(config, items, [item for item in items if item.nodeid in mine])
 
 

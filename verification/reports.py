@@ -10,7 +10,7 @@ compiles and seconds are summed and the worst row of each tensor kept.
 from __future__ import annotations
 
 import json
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from . import harness
 from .tolerance import TensorError
@@ -25,6 +25,15 @@ def parse_shard(text: str) -> Tuple[int, int]:
     if not 1 <= i <= n:
         raise ValueError(f"shard: expected I/N with 1 <= I <= N, got {text!r}")
     return i, n
+
+
+def shard_of(items: list, shard: Optional[Tuple[int, int]]) -> list:
+    """Items k with k % N == I - 1 for shard (I, N) (all of them for None):
+    the one split rule of suite tests (by sorted node id) and mutant runs."""
+    if shard is None:
+        return list(items)
+    i, n = shard
+    return [item for k, item in enumerate(items) if k % n == i - 1]
 
 
 def _load(path: str) -> dict:

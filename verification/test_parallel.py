@@ -17,7 +17,6 @@ import pytest
 
 from verification import reports
 from verification.mutants import MUTANTS
-from verification.mutants.runner import shard_of
 
 WRONG = "verification.wrong_targets.nondeterministic"
 # determinism fails on this target; the others pass (four tests: no shard of three is empty)
@@ -111,9 +110,9 @@ def test_parse_shard_rejects_what_is_not_i_of_n(text):
 
 def test_shards_of_a_list_partition_it_in_order():
     items = list(range(10))
-    parts = [shard_of(items, (i, 3)) for i in (1, 2, 3)]
+    parts = [reports.shard_of(items, (i, 3)) for i in (1, 2, 3)]
     assert sorted(sum(parts, [])) == items and parts[0] == [0, 3, 6, 9]
-    assert shard_of(items, None) == items
+    assert reports.shard_of(items, None) == items
 
 
 def test_projected_wall_is_longest_first_onto_the_least_loaded_core():

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
 from ..registry import load_all, select
+from ..reports import shard_of
 from . import MUTANTS, PREFIX, PatchError, materialize
 
 SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,14 +138,6 @@ def _print_result(r: dict) -> None:
           f"{r['status'].upper() if not r['killed'] else 'killed':<9} "
           f"by {r['killed_by']} after {r['examples_to_kill']} example(s), "
           f"{r['wall_s']} s", flush=True)
-
-
-def shard_of(items: list, shard: Optional[Tuple[int, int]]) -> list:
-    """Items k with k % N == I - 1 for shard (I, N) (all of them for None)."""
-    if shard is None:
-        return list(items)
-    i, n = shard
-    return [item for k, item in enumerate(items) if k % n == i - 1]
 
 
 def kill_summary(results: List[dict], baseline_passed: bool, seconds: float) -> dict:
