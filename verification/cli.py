@@ -82,7 +82,7 @@ def merge_reports(files: List[str], report_dir: str) -> int:
     with open(os.path.join(report_dir, "merged-report.md"), "w") as f:
         f.write(text + "\n")
     print(text)
-    return 0 if text.splitlines()[-1].startswith("PASS") else 1
+    return 0 if report["passed"] else 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -71,9 +71,11 @@ def _merge_suite(reports: List[dict]) -> dict:
         compiles += int(report.get("compiles", 0))
         seconds.update(report.get("test_seconds", {}))
         harness.merge_stats_json(report["properties"], into=merged)
-    return {"kind": "suite", "exitstatus": max(exit_statuses, default=1), "shards": len(reports),
+    exitstatus = max(exit_statuses, default=1)
+    return {"kind": "suite", "exitstatus": exitstatus, "shards": len(reports),
             "compiles": compiles, "properties": harness.stats_json(merged),
-            "test_seconds": seconds}
+            "test_seconds": seconds,
+            "passed": exitstatus == 0 and not any(st.failures for st in merged.values())}
 
 
 def markdown(report: dict) -> str:
@@ -94,7 +96,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {st['examples']} | {st['failures']} | {st['compiles']} | "
                      f"{st['seconds']:.1f} | {worst:.2f} |")
     failed = [n for n, st in report["properties"].items() if st["failures"]]
-    verdict = "PASS" if report["exitstatus"] == 0 and not failed else "FAIL"
+    verdict = "PASS" if report["passed"] else "FAIL"
     lines.append("")
     if report.get("test_seconds"):
         lines.append(projection_line(list(report["test_seconds"].values()), "test-session"))
