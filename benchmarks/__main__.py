@@ -1,7 +1,7 @@
 """python -m benchmarks  (also: gdn-verify bench)
 
 Times forward and forward+backward of gated_delta_rule and
-gdn_decoupled_conv1d for impl in {reference, xla, xla-autodiff, pallas} over
+gdn_decoupled_conv1d for impl in {reference, xla, xla-autodiff, pallas, plain-chunked} over
 a size ladder: median / min / max of the timed runs after warm-up, compile
 time and compiled temp memory per shape, the ratios between impls (measured
 side by side in one run), growth exponents in T, and the acceptance checks.
@@ -34,7 +34,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import decode, packed, report, throughput, timing, workloads
+from . import accuracy, decode, packed, report, throughput, timing, workloads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                           "bytes exceed this (compile figures are still recorded); "
                           "default 8 GiB")
     lad.add_argument("--no-ladder", action="store_true", help="skip the timing ladder")
+    lad.add_argument("--no-accuracy", action="store_true",
+                     help="skip the accuracy table under strong decay (every impl of --impls "
+                          "against the float64 oracle; runs with the ladder by default)")
     lad.add_argument("--trace", metavar="DIR", default=None,
                      help="write a jax.profiler trace of one extra run per entry at "
                           "--trace-size (default: the acceptance size, else the largest)")
@@ -226,6 +229,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         mem_budget_bytes=int(args.mem_budget_gb * timing.GiB),
         trace_dir=args.trace, trace_size=trace_size)
     records = [] if args.no_ladder else timing.run_ladder(cfg, log)
+    accuracy_doc = None
+    if not (args.no_ladder or args.no_accuracy):
+        accuracy_doc = accuracy.run(
+            cfg.ops, cfg.impls, accuracy.ACCURACY_QUICK_SIZE if args.quick
+            else accuracy.ACCURACY_SIZE, cfg.chunk, cfg.seed, log)
     packed_doc = None
     if args.packed:
         packed_doc = packed.run(packed.config_for(cfg, args.packed_repeats), packed_size, log)
@@ -250,6 +258,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        + report.packed_acceptance(packed_doc, sorted(
                            {r["op"] for r in records}, key=list(workloads.OPS).index))),
         "packed": packed_doc,
+        "accuracy": accuracy_doc,
         "suite": None,
     }
     if decode_only:

@@ -8,20 +8,24 @@ import json
 import math
 from typing import Dict, List, Optional
 
+from . import accuracy
 from .workloads import ACCEPTANCE_SIZE, Size
 
 MiB = float(1 << 20)
 
 # (numerator, denominator) impl pairs reported side by side.
-RATIO_PAIRS = (("xla", "reference"), ("xla", "xla-autodiff"), ("pallas", "xla"))
+RATIO_PAIRS = (("xla", "reference"), ("xla", "xla-autodiff"), ("xla", "plain-chunked"),
+               ("pallas", "xla"))
 
 # Acceptance targets (fwd+bwd, float32, at ACCEPTANCE_SIZE; growth over the ladder).
 TARGETS = {
     "xla/reference time": 0.5,
     "xla/reference temp memory": 1.0 / 8.0,
     "xla/xla-autodiff time": 1.0,
-    "pallas/xla time": 1.5,
-    "xla time exponent in T": 1.15,
+    "xla/plain-chunked time": 0.8,
+    "xla/plain-chunked temp memory": 1.0,
+    "pallas/xla time": 1.0,
+    "xla time exponent in T": 1.10,
     "xla temp memory exponent in T": 1.15,
     "packed/unpacked time": 1.15,   # per impl (xla, pallas), benchmarks/packed.py
 }
@@ -108,11 +112,15 @@ def acceptance(records: List[dict], fits: List[dict],
     ops = sorted({r["op"] for r in records}, key=["delta_rule", "mixer"].index)
     for op in ops:
         get = lambda impl: idx.get((size.label, op, mode, impl), {})  # noqa: E731
-        ref, xla, auto, pal = (get(i) for i in ("reference", "xla", "xla-autodiff", "pallas"))
+        ref, xla, auto, pal, plain = (get(i) for i in ("reference", "xla", "xla-autodiff",
+                                                       "pallas", "plain-chunked"))
         checks = {
             "xla/reference time": _div(xla.get("median_s"), ref.get("median_s")),
             "xla/reference temp memory": _div(xla.get("temp_bytes"), ref.get("temp_bytes")),
             "xla/xla-autodiff time": _div(xla.get("median_s"), auto.get("median_s")),
+            "xla/plain-chunked time": _div(xla.get("median_s"), plain.get("median_s")),
+            "xla/plain-chunked temp memory": _div(xla.get("temp_bytes"),
+                                                  plain.get("temp_bytes")),
             "pallas/xla time": _div(pal.get("median_s"), xla.get("median_s")),
         }
         fit = next((f for f in fits if f["op"] == op and f["impl"] == "xla"
@@ -194,7 +202,8 @@ def markdown(doc: dict) -> str:
         "of the relative L2 distance to the reference's outputs (to xla's when the "
         "reference did not run)",
         "- xla-autodiff = plain jax.grad through gdn_kernels.xla_impl.forward "
-        "(no custom VJP)",
+        "(no custom VJP); plain-chunked = benchmarks/plain_chunked.py, the chunked "
+        "JAX a user would write first (float32 cumsum decay, WY, scan) with plain jax.grad",
         "",
     ]
     if doc["results"]:
@@ -233,6 +242,8 @@ def markdown(doc: dict) -> str:
                 f"{tt[0] if tt else ''}..{tt[-1] if tt else ''} | {_r(f['time exponent'])} | "
                 f"{_r(f['time last_step'])} | {mt[0] if mt else ''}..{mt[-1] if mt else ''} | "
                 f"{_r(f['temp memory exponent'])} | {_r(f['temp memory last_step'])} |")
+    if doc.get("accuracy"):
+        lines += accuracy.markdown_section(doc["accuracy"])
     packed = doc.get("packed")
     if packed:
         lay = packed["layout"]
@@ -327,12 +338,12 @@ def plot(doc: dict, path: str) -> Optional[str]:
                 panels.append((op, mode))
     if not panels:
         return "no results to plot"
-    impls = [i for i in ("reference", "xla", "xla-autodiff", "pallas")
+    impls = [i for i in ("reference", "xla", "xla-autodiff", "pallas", "plain-chunked")
              if any(r["impl"] == i for r in records)]
     families = sorted({r["family"] for r in records})
     styles = ["-", "--", ":", "-."]
     colors = {"reference": "tab:red", "xla": "tab:blue", "xla-autodiff": "tab:green",
-              "pallas": "tab:purple"}
+              "pallas": "tab:purple", "plain-chunked": "tab:orange"}
     fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.2 * len(panels)), squeeze=False)
     for row, (op, mode) in enumerate(panels):
         for col, (key, scale, label) in enumerate((("median_s", 1e3, "median time (ms)"),

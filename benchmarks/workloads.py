@@ -10,6 +10,10 @@ impls   reference     public API, impl="reference": token scan, plain jax.grad
                       For the mixer: mixer.prologue_of + xla_impl.forward.
         pallas        public API, impl="pallas" (interpret mode on CPU,
                       compiled on TPU; not runnable on GPU)
+        plain-chunked benchmarks.plain_chunked: the chunked JAX a user would
+                      write first (float32 cumsum decay, WY by a triangular
+                      solve, scan), differentiated by plain jax.grad. For the
+                      mixer: mixer.prologue_of + that.
 modes   fwd           the forward outputs
         fwd+bwd       jax.grad of sum(outputs * fixed random cotangents) with
                       respect to every differentiable input
@@ -41,8 +45,10 @@ from gdn_kernels.chunk_math import accumulation_dtype
 from gdn_kernels.l2norm import DEFAULT_EPS
 from strategies import shapes
 
+from .plain_chunked import chunked_gated_delta_rule
+
 OPS = ("delta_rule", "mixer")
-IMPLS = ("reference", "xla", "xla-autodiff", "pallas")
+IMPLS = ("reference", "xla", "xla-autodiff", "pallas", "plain-chunked")
 MODES = ("fwd", "fwd+bwd")
 CONV_WIDTH = 4
 
@@ -284,6 +290,11 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int,
             def fwd(q, k, v, g, beta):
                 return gdn_kernels.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk,
                                                     impl=impl)
+        elif impl == "plain-chunked":
+            def fwd(q, k, v, g, beta):
+                o, s_final = chunked_gated_delta_rule(q, k, v, g, beta,
+                                                      float(s.Dk ** -0.5), chunk)
+                return o.astype(v.dtype), s_final
         elif impl == "xla-autodiff":
             def fwd(q, k, v, g, beta):
                 acc = accumulation_dtype(v.dtype)
@@ -302,7 +313,7 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int,
                 return gdn_kernels.gdn_decoupled_conv1d(x, w, a, b, a_log, dt_bias,
                                                         chunk_size=chunk, impl=impl,
                                                         **heads)
-        elif impl == "xla-autodiff":
+        elif impl in ("xla-autodiff", "plain-chunked"):
             cfg = mixer_mod.MixerConfig(impl="xla", num_k_heads=s.Hk, num_v_heads=s.Hv,
                                         head_k_dim=s.Dk, head_v_dim=s.Dv,
                                         use_qk_norm=True, eps=float(DEFAULT_EPS),
@@ -310,6 +321,10 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int,
 
             def fwd(x, w, a, b, a_log, dt_bias):
                 pro = mixer_mod.prologue_of(cfg, x, w, a, b, a_log, dt_bias)
+                if impl == "plain-chunked":
+                    o, _ = chunked_gated_delta_rule(pro.q, pro.k, pro.v, pro.g, pro.beta,
+                                                    cfg.scale, chunk)
+                    return o.astype(x.dtype)
                 s0 = jnp.zeros((s.B, s.Hv, s.Dk, s.Dv), pro.v.dtype)
                 o, _, _ = xla_impl.forward(pro.q, pro.k, pro.v, pro.g, pro.beta, s0,
                                            cfg.scale, chunk)

@@ -14,7 +14,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_quick_ladder_writes_json_and_markdown(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks", "--quick", "--impls", "xla", "reference",
-           "--repeats", "1", "--out", str(tmp_path), "--name", "smoke", "--no-plot"]
+           "--repeats", "1", "--out", str(tmp_path), "--name", "smoke", "--no-plot",
+           "--no-accuracy"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     wall = time.perf_counter() - t0
@@ -27,7 +28,7 @@ def test_quick_ladder_writes_json_and_markdown(tmp_path):
     for key in ("jax_version", "device_kind", "platform", "loadavg_start", "loadavg_end"):
         assert key in meta
     assert doc["config"]["impls"] == ["xla", "reference"]
-    assert doc["suite"] is None
+    assert doc["suite"] is None and doc["accuracy"] is None
 
     results = doc["results"]
     # 2 sizes x 2 ops x 2 modes x 2 impls, all timed
@@ -112,3 +113,21 @@ def test_packed_overhead_smoke(tmp_path):
     assert xla["value"] == row["packed/unpacked time"] and xla["target"] == 1.15
     assert pallas["value"] is None and pallas["pass"] is None
     assert "## Packed overhead" in (tmp_path / "packed.md").read_text()
+
+
+def test_strong_decay_accuracy_table_against_the_oracle():
+    """The benchmark's accuracy table (benchmarks/accuracy.py) on the quick
+    size: the plain chunked baseline is correct (close to the float64
+    oracle) yet visibly less accurate in dg than our xla under strong decay."""
+    from benchmarks import accuracy
+    doc = accuracy.run(("delta_rule",), ("xla", "plain-chunked"),
+                       accuracy.ACCURACY_QUICK_SIZE, 16, 0, log=lambda _: None)
+    errs = {r["impl"]: r["errors"] for r in doc["rows"]}
+    assert set(errs) == {"xla", "plain-chunked"}
+    assert set(errs["xla"]) == set(accuracy.OUTPUT_NAMES["delta_rule"]
+                                   + accuracy.GRADIENT_NAMES["delta_rule"])
+    assert max(errs["xla"].values()) < 1e-6, errs["xla"]
+    assert max(errs["plain-chunked"].values()) < 1e-4, errs["plain-chunked"]
+    assert errs["plain-chunked"]["dg"] > 3 * errs["xla"]["dg"], errs
+    md = "\n".join(accuracy.markdown_section(doc))
+    assert "| plain-chunked |" in md and "| delta_rule impl |" in md
