@@ -21,15 +21,21 @@ def _fmt(shape):
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def _check_array(name, x):
+def _check_typed_array(name, x, kind, kind_words, supported, supported_words):
+    """x must be an array (TypeError), of dtype kind `kind` (TypeError) and
+    one of `supported` (ValueError); the messages name the argument."""
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise TypeError(f"{name} must be an array, got {type(x).__name__}")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{name} must have a floating dtype (float32 or bfloat16), "
-                        f"got {x.dtype}")
-    if jnp.dtype(x.dtype) not in ACTIVATION_DTYPES:
-        raise ValueError(f"{name} has dtype {x.dtype}; supported: float32, bfloat16 "
-                         f"(float64 for the oracle)")
+    if not jnp.issubdtype(x.dtype, kind):
+        raise TypeError(f"{name} must have {kind_words}, got {x.dtype}")
+    if jnp.dtype(x.dtype) not in supported:
+        raise ValueError(f"{name} has dtype {x.dtype}; supported: {supported_words}")
+
+
+def _check_array(name, x):
+    """A floating activation or parameter: float32, bfloat16 (float64 for the oracle)."""
+    _check_typed_array(name, x, jnp.floating, "a floating dtype (float32 or bfloat16)",
+                       ACTIVATION_DTYPES, "float32, bfloat16 (float64 for the oracle)")
 
 
 def _check_shape(name, x, expected, meaning):
@@ -103,14 +109,8 @@ def check_segment_ids(segment_ids, b, t):
     6); the values are checked when concrete (not under a trace)."""
     if segment_ids is None:
         return
-    if not (hasattr(segment_ids, "shape") and hasattr(segment_ids, "dtype")):
-        raise TypeError(f"segment_ids must be an array, got {type(segment_ids).__name__}")
-    if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-        raise TypeError(f"segment_ids must have an integer dtype (int32 or int64), "
-                        f"got {segment_ids.dtype}")
-    if jnp.dtype(segment_ids.dtype) not in SEGMENT_ID_DTYPES:
-        raise ValueError(f"segment_ids has dtype {segment_ids.dtype}; supported: "
-                         f"int32, int64")
+    _check_typed_array("segment_ids", segment_ids, jnp.integer,
+                       "an integer dtype (int32 or int64)", SEGMENT_ID_DTYPES, "int32, int64")
     _check_shape("segment_ids", segment_ids, (b, t), "[B, T]")
     if isinstance(segment_ids, jax.core.Tracer):
         return

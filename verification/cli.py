@@ -3,9 +3,10 @@
   gdn-verify [run] [--target MODULE[:IMPL]] [--profile dev|ci|nightly|repro] [-- PYTEST ARGS]
       run the verification suite on a target and print the per-property
       summary (examples, worst error per tensor vs bound, compiles, time)
-  gdn-verify replay FILE [--target MODULE[:IMPL]]
-      rebuild a counterexample's inputs, rerun its property, print the error
-      table; exit 1 if it still fails
+  gdn-verify replay FILE... [--target MODULE[:IMPL] | --module MODULE]
+      rebuild each counterexample's inputs, rerun its property, print the
+      error table; exit 1 if any still fails (--module: on that module,
+      with the file's own impl and mesh)
   gdn-verify mutants [--only NAME ...] [--report-dir DIR] [--jobs N]
       the seeded-bug kill report (see verification/mutants); --shard I/N
       runs one shard of it
@@ -45,8 +46,12 @@ def run_suite(target: Optional[str], profile: Optional[str], extra: List[str]) -
     return int(code)
 
 
-def replay(path: str, target: Optional[str]) -> int:
-    """Rerun one counterexample file; 0 if the property now holds, 1 if not."""
+def replay(path: str, target: Optional[str], module: Optional[str] = None) -> int:
+    """Rerun one counterexample file; 0 if the property now holds, 1 if not.
+    target: the spec to run it on (default: the file's own); module: run it
+    on this module instead, keeping the file's impl and mesh (the mutation
+    run's baseline replays each killing example on gdn_kernels)."""
+    import dataclasses
     from . import counterexamples
     from .registry import PropertyFailure, load_all
     from .targets import Target
@@ -54,6 +59,8 @@ def replay(path: str, target: Optional[str]) -> int:
 
     record = counterexamples.load(path)
     spec = target or record["target"]
+    if module:
+        spec = dataclasses.replace(Target.parse(spec), module_name=module).spec
     prop = load_all()[record["property"]]
     print(f"replaying {record['property']} on {spec}")
     print(f"case: {record['case']}")
@@ -71,6 +78,14 @@ def replay(path: str, target: Optional[str]) -> int:
     return 0
 
 
+def replay_all(paths: List[str], target: Optional[str], module: Optional[str] = None) -> int:
+    """Rerun every file (see replay); 1 if any still fails, naming them."""
+    failing = [path for path in paths if replay(path, target, module)]
+    print(f"replayed {len(paths)} counterexample(s): "
+          + (f"{len(failing)} still fail: {', '.join(failing)}" if failing else "all pass"))
+    return 1 if failing else 0
+
+
 def merge_reports(files: List[str], report_dir: str) -> int:
     """Write merged-report.json / .md; 0 when every shard passed."""
     import json
@@ -86,6 +101,7 @@ def merge_reports(files: List[str], report_dir: str) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from .profiles import PROFILES
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # every option belongs to the benchmark's own parser
         from benchmarks.__main__ import main as bench_main
@@ -101,10 +117,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     for p in (parser, run_p):
         p.add_argument("--target", default=None)
         p.add_argument("--profile", default=None,
-                       choices=("dev", "ci", "nightly", "repro"))
-    rep = sub.add_parser("replay", help="replay a counterexample file")
-    rep.add_argument("file")
+                       choices=PROFILES)
+    rep = sub.add_parser("replay", help="replay counterexample files")
+    rep.add_argument("files", nargs="+")
     rep.add_argument("--target", default=None)
+    rep.add_argument("--module", default=None,
+                     help="run each file on this module, keeping its impl and mesh")
     mut = sub.add_parser("mutants", help="seeded-bug kill report")
     mut.add_argument("--only", nargs="*", default=None)
     mut.add_argument("--report-dir", default=".")
@@ -121,7 +139,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="benchmark harness (python -m benchmarks; gdn-verify bench --help)")
     args = parser.parse_args(argv)
     if args.command == "replay":
-        return replay(args.file, args.target)
+        return replay_all(args.files, args.target, args.module)
     if args.command == "merge-reports":
         return merge_reports(args.files, args.report_dir)
     if args.command == "mutants":

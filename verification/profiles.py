@@ -12,6 +12,10 @@ nightly  many examples, random seeds, target()-guided search for the
          largest error / bound ratio.
 repro    replays only the stored examples (explicit @example rows and the
          example database); generates nothing.
+kill     the mutation runner's: ci's examples, derandomized, no database,
+         and no shrinking. A mutant's run stops at its first failing example
+         (examples to kill is counted there); shrinking that failure would
+         only rerun the broken kernel on smaller cases, each a new compile.
 Selected by --hypothesis-profile NAME or the GDN_PROFILE environment variable.
 """
 
@@ -24,11 +28,12 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 ENV_VAR = "GDN_PROFILE"
 DEFAULT = "dev"
-PROFILES = ("dev", "ci", "nightly", "repro")
+PROFILES = ("dev", "ci", "nightly", "repro", "kill")
 
 # Examples per property in each profile (scaled per property by `weight`).
 EXAMPLES = {"dev": 8, "ci": int(os.environ.get("GDN_CI_EXAMPLES", "60")),
             "nightly": 400, "repro": 0}
+EXAMPLES["kill"] = EXAMPLES["ci"]
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large,
              HealthCheck.function_scoped_fixture]
@@ -70,6 +75,10 @@ def register_profiles() -> None:
         "repro", max_examples=1, deadline=None, suppress_health_check=_SUPPRESS,
         database=DirectoryBasedExampleDatabase(local_database_dir()),
         phases=[Phase.explicit, Phase.reuse])
+    settings.register_profile(
+        "kill", max_examples=EXAMPLES["kill"], deadline=None, derandomize=True,
+        database=None, suppress_health_check=_SUPPRESS,
+        phases=[Phase.explicit, Phase.generate])
 
 
 def selected_profile() -> str:

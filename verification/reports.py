@@ -57,10 +57,11 @@ def _merge_mutation(reports: List[dict]) -> dict:
     results = sorted((m for r in reports for m in r["mutants"]),
                      key=lambda m: (order.get(m["mutant"], len(order)), m["mutant"], m["impl"]))
     passed = all(r["baseline"]["passed"] for r in reports)
+    replayed = sum(r["baseline"].get("replayed", 0) for r in reports)
     wall = max(r.get("wall_s", 0.0) for r in reports)
     verdict = kill_summary(results, passed, wall)
     return {"kind": "mutation", "shards": len(reports), "mutants": results,
-            "baseline_passed": passed, **verdict}
+            "baseline": {"passed": passed, "replayed": replayed}, **verdict}
 
 
 def _merge_suite(reports: List[dict]) -> dict:
@@ -82,9 +83,7 @@ def markdown(report: dict) -> str:
     """The merged report as a Markdown table and a verdict line (PASS / FAIL)."""
     if report["kind"] == "mutation":
         from .mutants.runner import markdown as mutation_table
-        table = mutation_table({"mutants": report["mutants"],
-                                "baseline": {"target": "gdn_kernels:xla", "passed":
-                                             report["baseline_passed"], "wall_s": "-"},
+        table = mutation_table({"mutants": report["mutants"], "baseline": report["baseline"],
                                 "summary": ""})
         return (table.rstrip() + f"\n\n{'PASS' if report['passed'] else 'FAIL'}: "
                 f"{report['shards']} shard(s); {report['summary']}")

@@ -88,7 +88,44 @@ def test_counterexample_file_replays_to_the_same_failure(prop_id, wrong, tmp_pat
     assert replay(path, None) == 1                      # still fails on the wrong target
     assert "STILL FAILS" in capsys.readouterr().out
     assert replay(path, "gdn_kernels:xla") == 0         # and holds on the real one
+    assert replay(path, None, module="gdn_kernels") == 0  # the same impl, unmutated
     with pytest.raises(Exception) as again:   # the same failure, rerun directly
         PROPERTIES[prop_id].run(target, record["case_obj"])
     if rows:
         assert isinstance(again.value, PropertyFailure)
+
+
+def test_a_mutated_kernel_is_another_program_for_the_compile_cache():
+    """Mutant processes read the persistent compile cache, whose key hashes
+    the program with its debug info stripped: a mutated kernel lowers to a
+    different program (so it can never be served the original's entry),
+    while code the patch left alone (the oracle) lowers to the same one."""
+    import importlib
+
+    import jax
+    import numpy as np
+
+    import gdn_kernels
+    from .mutants import materialize
+
+    mutant = importlib.import_module(materialize("no_decay_between_chunks"))
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 40, 1, 8)).astype(np.float32)
+    g = -rng.uniform(0, 1, (1, 40, 1)).astype(np.float32)
+    beta = rng.uniform(0, 1, (1, 40, 1)).astype(np.float32)
+
+    def program(module, impl):
+        run = jax.jit(lambda *a: module.gated_delta_rule(*a, chunk_size=16, impl=impl))
+        return run.lower(q, q, q, g, beta).as_text(debug_info=False)
+
+    for impl in MUTANTS["no_decay_between_chunks"].impls:
+        assert program(mutant, impl) != program(gdn_kernels, impl), impl
+    assert program(mutant, "reference") == program(gdn_kernels, "reference")
+
+
+def test_a_kill_without_its_killing_example_fails_the_baseline():
+    from .mutants.runner import replay_killing_examples
+    record = {"mutant": "no_decay_between_chunks", "impl": "xla", "killed": True,
+              "killing_example": None}
+    baseline = replay_killing_examples([record], jobs=2)
+    assert not baseline["passed"] and "no_decay_between_chunks:xla" in baseline["log_tail"]

@@ -1,28 +1,40 @@
 """`gdn-verify mutants`: the seeded-bug kill report.
 
 For each mutant and each impl whose code it breaks, a fresh Python process
-runs the suite (ci profile, derandomized) against gdn_mutant_<name>:<impl>
-with the persistent compile cache OFF (a stale cache entry must never hide a
-mutant), stopping at the first failing test. The declared faster subset:
-only the mutant's declared killer properties run first (selected by
-property id, --gdn-properties); if none of them fails, the whole suite runs
-(and a survivor is reported). A mutant counts as killed only when a
-property recorded a failure on it; a mutant whose patch no longer applies,
-or whose run errors outside the properties, is reported by name as an
-error and fails the gate. The unmutated package is run the same way on the
-union of all subsets. Writes mutation-report.json and mutation-report.md;
-exits 1 if any mutant survives or errors, or the unmutated package fails.
+runs the registered properties against gdn_mutant_<name>:<impl> under the
+`kill` profile (ci's examples, derandomized, no shrinking), stopping at
+the first failing example. The declared faster subset: only the mutant's
+declared killer properties run first (selected by property id,
+--gdn-properties); if none of them fails, every property runs (and a
+survivor is reported). A mutant counts as killed only when a property
+recorded a failure on it; a mutant whose patch no longer applies, or whose
+run errors outside the properties, is reported by name as an error and
+fails the gate.
 
---jobs N runs N of these processes at once: each is one single-threaded,
-compile-bound pytest, so on a 2-core machine two jobs take about half the
-wall time. The baseline is split the same way, into N processes (every N-th
-property of the union each), so it does not bound the run on a big
-machine. The report keeps the catalog's order; its projection counts each
-baseline test as its own job.
+The baseline: every killing example (the counterexample file the failing
+run wrote) is replayed on the unmutated package with the same impl
+(`gdn-verify replay FILE... --module gdn_kernels`) and must pass there,
+so no kill is the property failing for a reason of its own.
+
+The compile cache: a mutant process reads the persistent compile cache of
+the caller (if one is configured) and never writes to it. JAX keys an
+entry by a hash of the program (debug info stripped), the compile options,
+the devices, the XLA flags and the jax/jaxlib versions, and caches nothing
+that holds a host callback; a mutated program is a different program, so
+the only entries a mutant can read are those of code its patch did not
+change (the float64 oracle, mostly), which the suite's own run left there.
+verification/test_mutation_zoo.py checks that a mutated kernel lowers to a
+different program than the original.
+
+Writes mutation-report.json and mutation-report.md; exits 1 if any mutant
+survives or errors, or a killing example fails on the unmutated package.
+--jobs N runs N of these processes at once (and the baseline replays in
+up to N processes); the report keeps the catalog's order.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import statistics
@@ -38,42 +50,54 @@ from ..reports import shard_of
 from . import MUTANTS, PREFIX, PatchError, materialize
 
 SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROPERTY_TESTS = os.path.join(SUITE_DIR, "test_properties.py")
+PROFILE = "kill"
+UNMUTATED = "gdn_kernels"
+_CACHE_WRITE_THRESHOLD = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 
 
-def _env(mutant_dir: str, stats_file: str, compile_cache: bool) -> dict:
+def _env(run_dir: str, stats_file: str) -> dict:
+    """A mutant process's environment: the kill profile, its own
+    counterexample folder, the caller's compile cache read-only (an entry
+    is written only for a compile slower than the threshold: 1e9 s)."""
     env = dict(os.environ)
-    if not compile_cache:
-        for key in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
-            env.pop(key, None)
-        env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-    env["GDN_MUTANT_DIR"] = mutant_dir
+    if env.get("JAX_COMPILATION_CACHE_DIR"):
+        env[_CACHE_WRITE_THRESHOLD] = "1e9"
+    env["GDN_MUTANT_DIR"] = os.path.dirname(run_dir)
     env["GDN_STATS_FILE"] = stats_file
-    env["GDN_PROFILE"] = "ci"
-    env["GDN_COUNTEREXAMPLES"] = os.path.join(mutant_dir, "counterexamples")
+    env["GDN_PROFILE"] = PROFILE
+    env["GDN_COUNTEREXAMPLES"] = os.path.join(run_dir, "counterexamples")
     return env
 
 
-def run_suite_process(target: str, properties: Optional[List[str]], mutant_dir: str,
-                      examples: Optional[int], compile_cache: bool = False) -> dict:
-    """One fresh pytest process running the given properties (None: every
-    registered property) against target; returns its stats plus wall time."""
-    stats_file = tempfile.mktemp(suffix=".json", dir=mutant_dir)
-    cmd = [sys.executable, "-m", "pytest", SUITE_DIR, "-p", "verification.plugin", "-x", "-q",
-           "--hypothesis-profile", "ci", "--gdn-target", target, "-p", "no:cacheprovider",
-           "--gdn-properties", ",".join(p.id for p in select(properties)) if properties
-           else "all"]
-    env = _env(mutant_dir, stats_file, compile_cache)
-    if examples:
-        env["GDN_CI_EXAMPLES"] = str(examples)
+def _run(cmd: List[str], env: dict) -> Tuple[subprocess.CompletedProcess, float]:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.getcwd())
-    wall = time.perf_counter() - t0
+    return proc, time.perf_counter() - t0
+
+
+def run_suite_process(target: str, properties: Optional[List[str]], run_dir: str,
+                      examples: Optional[int]) -> dict:
+    """One fresh pytest process running the given properties (None: every
+    registered property) against target under the kill profile; returns its
+    stats, wall time and the counterexample files it wrote (in run_dir)."""
+    os.makedirs(run_dir, exist_ok=True)
+    stats_file = tempfile.mktemp(suffix=".json", dir=run_dir)
+    cmd = [sys.executable, "-m", "pytest", PROPERTY_TESTS, "-p", "verification.plugin",
+           "-x", "-q", "--hypothesis-profile", PROFILE, "--gdn-target", target,
+           "-p", "no:cacheprovider", "--gdn-properties",
+           ",".join(p.id for p in select(properties)) if properties else "all"]
+    env = _env(run_dir, stats_file)
+    if examples:
+        env["GDN_CI_EXAMPLES"] = str(examples)
+    proc, wall = _run(cmd, env)
     stats = {}
     if os.path.exists(stats_file):
         with open(stats_file) as f:
             stats = json.load(f)
     return {"returncode": proc.returncode, "wall_s": wall, "stats": stats,
+            "counterexamples": sorted(glob.glob(os.path.join(env["GDN_COUNTEREXAMPLES"],
+                                                             "*.json"))),
             "tail": (proc.stdout + proc.stderr)[-3000:]}
 
 
@@ -88,25 +112,55 @@ def run_mutant(name: str, impl: str, mutant_dir: str, examples: Optional[int]) -
     mutant = MUTANTS[name]
     target = f"{PREFIX}{name}:{impl}"
     record = {"mutant": name, "impl": impl, "description": mutant.description,
-              "killed": False, "killed_by": None, "examples_to_kill": None}
+              "killed": False, "killed_by": None, "examples_to_kill": None,
+              "killing_example": None}
     try:
         materialize(name)
     except PatchError as err:
         return record | {"status": "patch failed", "wall_s": 0.0, "subset": "-",
                          "log_tail": str(err)}
-    result = run_suite_process(target, list(mutant.killers), mutant_dir, examples)
+    run_dir = os.path.join(mutant_dir, "runs", f"{name}-{impl}")
+    result = run_suite_process(target, list(mutant.killers), run_dir, examples)
     subset = "declared killers: " + ", ".join(mutant.killers)
     wall = result["wall_s"]
     if result["returncode"] == 0:          # subset missed it: run every property
-        result = run_suite_process(target, None, mutant_dir, examples)
+        result = run_suite_process(target, None, run_dir, examples)
         subset = "every property (declared killers missed it)"
         wall += result["wall_s"]
     killer, at = _killer(result["stats"])
     killed = killer is not None and result["returncode"] == 1
     status = "killed" if killed else ("survived" if result["returncode"] == 0 else "error")
+    files = [f for f in result["counterexamples"]
+             if os.path.basename(f).startswith(f"{killer}-")] if killed else []
     return record | {"status": status, "killed": killed, "killed_by": killer,
                      "examples_to_kill": at, "wall_s": round(wall, 1), "subset": subset,
+                     "killing_example": files[0] if files else None,
                      "log_tail": None if killed else result["tail"]}
+
+
+def replay_killing_examples(results: List[dict], jobs: int) -> dict:
+    """The baseline: each killed mutant's killing example replayed on the
+    unmutated package (same impl), in up to `jobs` processes. A kill without
+    its counterexample file fails the baseline (nothing shows the kill is
+    the mutant's)."""
+    killed = [r for r in results if r["killed"]]
+    missing = [f"{r['mutant']}:{r['impl']}" for r in killed if not r["killing_example"]]
+    files = [r["killing_example"] for r in killed if r["killing_example"]]
+    parts = [part for part in (shard_of(files, (j, jobs)) for j in range(1, jobs + 1)) if part]
+    cmd = [sys.executable, "-m", "verification.cli", "replay", "--module", UNMUTATED]
+    with ThreadPoolExecutor(max_workers=max(1, len(parts))) as pool:
+        runs = list(pool.map(lambda part: _run(cmd + part, dict(os.environ)), parts))
+    failed = [proc for proc, _ in runs if proc.returncode != 0]
+    tails = [(proc.stdout + proc.stderr)[-3000:] for proc in failed]
+    if missing:
+        tails.append(f"killed without a counterexample file: {', '.join(missing)}")
+    return {"target": f"{UNMUTATED} (each killing example, on its impl)",
+            "passed": not failed and not missing, "replayed": len(files),
+            "processes": len(parts),
+            "wall_s": round(max((w for _, w in runs), default=0.0), 1),
+            "cpu_s": round(sum(w for _, w in runs), 1),
+            "log_tail": "\n".join(tails) or None,
+            "test_seconds": [w for _, w in runs]}
 
 
 def markdown(report: dict) -> str:
@@ -117,12 +171,19 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['mutant']} | {r['impl']} | {verdict} | "
                      f"{r['killed_by'] or '-'} | {r['examples_to_kill'] or '-'} | {r['wall_s']} | "
                      f"{r['description']} |")
-    b = report["baseline"]
-    lines += ["", f"Unmutated package ({b['target']}): {'passes' if b['passed'] else '**FAILS**'} "
-              f"on the union of the subsets ({b['wall_s']} s"
-              + (f" over {b['processes']} processes" if b.get("processes", 1) > 1 else "") + ").",
+    lines += ["", baseline_line(report["baseline"]),
               "", report.get("projection", ""), "", report["summary"]]
     return "\n".join(lines)
+
+
+def baseline_line(b: dict) -> str:
+    """The baseline's verdict as one sentence."""
+    timing = (f" ({b['wall_s']} s" + (f" over {b['processes']} processes"
+                                      if b.get("processes", 1) > 1 else "") + ")"
+              if "wall_s" in b else "")
+    return (f"Killing examples replayed on the unmutated package ({UNMUTATED}, each on "
+            f"its mutant's impl): {'all pass' if b['passed'] else '**SOME FAIL**'}"
+            + (f", {b['replayed']} example(s)" if "replayed" in b else "") + timing + ".")
 
 
 def _materialize_all(names, mutant_dir: str) -> None:
@@ -135,19 +196,6 @@ def _materialize_all(names, mutant_dir: str) -> None:
             materialize(name)
         except PatchError:
             pass
-
-
-def _baseline_record(parts: List[dict]) -> dict:
-    """The unmutated package's verdict over its processes (none: no baseline
-    property in this shard); test_seconds lists every baseline test's time."""
-    failed = [p for p in parts if p["returncode"] != 0]
-    return {"target": "gdn_kernels:xla", "passed": not failed, "processes": len(parts),
-            "wall_s": round(max((p["wall_s"] for p in parts), default=0.0), 1),
-            "cpu_s": round(sum(p["wall_s"] for p in parts), 1),
-            "log_tail": "\n".join(p["tail"] for p in failed) or None,
-            "test_seconds": [s for p in parts
-                             for s in (list(p["stats"].get("test_seconds", {}).values())
-                                       or [p["wall_s"]])]}
 
 
 def _print_result(r: dict) -> None:
@@ -163,8 +211,8 @@ def kill_summary(results: List[dict], baseline_passed: bool, seconds: float) -> 
     to_kill = [r["examples_to_kill"] for r in results if r["killed"] and r["examples_to_kill"]]
     median = statistics.median(to_kill) if to_kill else None
     line = (f"kill rate: {killed}/{len(results)} = {100.0 * killed / max(1, len(results)):.0f}% "
-            f"(median examples to kill: {median}; unmutated package "
-            f"{'passes' if baseline_passed else 'FAILS'}; {seconds:.0f} s)")
+            f"(median examples to kill: {median}; killing examples "
+            f"{'pass' if baseline_passed else 'FAIL'} unmutated; {seconds:.0f} s)")
     return {"summary": line, "kill_rate": killed / max(1, len(results)),
             "median_examples_to_kill": median,
             "passed": killed == len(results) and baseline_passed}
@@ -181,29 +229,21 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
     for n in names:                      # killers must be registered properties
         select(MUTANTS[n].killers)
     mutant_dir = tempfile.mkdtemp(prefix="gdn-mutants-")
-    # a shard (I, N) runs every N-th (mutant, impl) and every N-th property
-    # of the unmutated baseline; merge-reports joins the shards' reports
-    union = shard_of(sorted({p for n in names for p in MUTANTS[n].killers}), shard)
+    # a shard (I, N) runs every N-th (mutant, impl); merge-reports joins the
+    # shards' reports
     t0 = time.perf_counter()
-    # the unmutated package may use the persistent compile cache (if the
-    # caller configured one); mutants never do
     _materialize_all(names, mutant_dir)
     runs = shard_of([(name, impl) for name in names for impl in MUTANTS[name].impls], shard)
     jobs = max(1, jobs)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        base_parts = [part for part in (shard_of(union, (j, jobs)) for j in range(1, jobs + 1))
-                      if part]
-        base_jobs = [pool.submit(run_suite_process, "gdn_kernels:xla", part, mutant_dir,
-                                 examples, True) for part in base_parts]
-        jobs_ = [pool.submit(run_mutant, name, impl, mutant_dir, examples)
-                 for name, impl in runs]
-        baseline = _baseline_record([job.result() for job in base_jobs])
-        print(f"unmutated gdn_kernels:xla: {'passes' if baseline['passed'] else 'FAILS'} "
-              f"({baseline['wall_s']} s)", flush=True)
+        futures = [pool.submit(run_mutant, name, impl, mutant_dir, examples)
+                   for name, impl in runs]
         results = []
-        for job in jobs_:
-            results.append(job.result())
+        for future in futures:
+            results.append(future.result())
             _print_result(results[-1])
+    baseline = replay_killing_examples(results, jobs)
+    print(baseline_line(baseline), flush=True)
     verdict = kill_summary(results, baseline["passed"], time.perf_counter() - t0)
     from ..reports import projection_line
     projection = projection_line(baseline.pop("test_seconds") + [r["wall_s"] for r in results],
