@@ -24,6 +24,7 @@ class PropertyStats:
     failures: int = 0
     seconds: float = 0.0
     compiles: int = 0
+    compile_s: float = 0.0        # of seconds: tracing, lowering and compiling new programs
     first_failure_at: int = 0     # 1-based example index of the first failure
     not_checkable: int = 0        # examples whose check could not resolve the question
     worst: Dict[str, TensorError] = dataclasses.field(default_factory=dict)
@@ -39,7 +40,7 @@ def check_property(name: str, target, case, record: bool = True) -> List[TensorE
     keep (case, target, rows) as the property's latest failing example (after
     shrinking, Hypothesis replays the minimal one last)."""
     stats = STATS.setdefault(name, PropertyStats()) if record else PropertyStats()
-    c0, t0 = runners.compile_count(), time.perf_counter()
+    c0, s0, t0 = runners.compile_count(), runners.compile_seconds(), time.perf_counter()
     try:
         rows = load_all()[name].run(target, case)
     except PropertyFailure as err:
@@ -58,6 +59,7 @@ def check_property(name: str, target, case, record: bool = True) -> List[TensorE
         stats.examples += 1
         stats.seconds += time.perf_counter() - t0
         stats.compiles += runners.compile_count() - c0
+        stats.compile_s += runners.compile_seconds() - s0
     _update_worst(stats, rows)
     stats.not_checkable += any(r.note.startswith(NOT_CHECKABLE) for r in rows)
     return rows
@@ -102,7 +104,7 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
     of each tensor."""
     return {name: {"examples": st.examples, "failures": st.failures,
                    "first_failure_at": st.first_failure_at, "seconds": st.seconds,
-                   "compiles": st.compiles, "not_checkable": st.not_checkable,
+                   "compiles": st.compiles, "compile_s": st.compile_s, "not_checkable": st.not_checkable,
                    "worst": [dataclasses.asdict(r) for r in st.worst.values()]}
             for name, st in (STATS if stats is None else stats).items()}
 
@@ -120,5 +122,6 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         st.failures += d["failures"]
         st.seconds += d["seconds"]
         st.compiles += d["compiles"]
+        st.compile_s += d.get("compile_s", 0.0)
         st.not_checkable += d["not_checkable"]
         _update_worst(st, [TensorError(**r) for r in d.get("worst", ())])

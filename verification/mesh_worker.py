@@ -28,7 +28,7 @@ from .tolerance import TensorError
 
 _WORKERS: Dict[int, subprocess.Popen] = {}
 # XLA compiles the workers ran for the checks of this process (the summary's count).
-WORKER_COMPILES = {"n": 0}
+WORKER_COMPILES = {"n": 0, "s": 0.0}
 
 
 class WorkerError(RuntimeError):
@@ -76,6 +76,7 @@ def _ask(devices: int, request: dict) -> List[TensorError]:
                           f"checking {request['property']} on {request['target']}")
     answer = json.loads(line)
     WORKER_COMPILES["n"] += answer.get("compiles", 0)
+    WORKER_COMPILES["s"] += answer.get("compile_s", 0.0)
     if "error" in answer:
         raise WorkerError(f"in the {devices}-device worker: {answer['error']}")
     return [TensorError(**row) for row in answer["rows"]]
@@ -99,7 +100,7 @@ def _serve() -> None:
     properties = load_all()
     for line in sys.stdin:
         request = json.loads(line)
-        c0 = runners.compile_count()
+        c0, s0 = runners.compile_count(), runners.compile_seconds()
         try:
             target = Target.parse(request["target"])
             case = target.fit(case_from_json(request["case"]))
@@ -110,6 +111,7 @@ def _serve() -> None:
         finally:
             runners.release_executables_if_needed()
         answer["compiles"] = runners.compile_count() - c0
+        answer["compile_s"] = runners.compile_seconds() - s0
         out.write(json.dumps(answer) + "\n")
         out.flush()
 

@@ -152,7 +152,8 @@ def _worst_text(row) -> str:
 
 def summary_lines():
     lines = []
-    head = f"{'property':<42}{'examples':>9}{'fail':>5}{'compiles':>9}{'time s':>8}  worst tensor (error/bound)"
+    head = (f"{'property':<42}{'examples':>9}{'fail':>5}{'compiles':>9}{'compile s':>10}"
+            f"{'time s':>8}  worst tensor (error/bound)")
     lines.append(head)
     lines.append("-" * (len(head) + 10))
     total_ex = 0
@@ -164,7 +165,7 @@ def summary_lines():
         if st.not_checkable:
             w += f"; {st.not_checkable} example(s) not checkable (see the rows' notes)"
         lines.append(f"{name:<42}{st.examples:>9}{st.failures:>5}{st.compiles:>9}"
-                     f"{st.seconds:>8.1f}  {w}")
+                     f"{st.compile_s:>10.1f}{st.seconds:>8.1f}  {w}")
     from .reports import projection_line
     lines.append(projection_line(list(TEST_SECONDS.values()), "test-session"))
     lines.append(f"total: {total_ex} examples, {_compiles_here() + _WORKERS['compiles']} "

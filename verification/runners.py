@@ -24,14 +24,21 @@ DELTA_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
 MIXER_INPUTS = ("x", "conv_weight", "a", "b", "a_log", "dt_bias")
 
 # -------------------------------------------------------------- compile count
-_compiles = {"n": 0}
+_compiles = {"n": 0, "s": 0.0}
 _lock = threading.Lock()
+# Where a new program's time goes before it runs: tracing to a jaxpr,
+# lowering to StableHLO, XLA's compile (the last one counts the compiles;
+# a persistent-cache hit has no backend compile).
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
 
 
 def _on_event(event: str, duration: float, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
+    if event in _COMPILE_EVENTS:
         with _lock:
-            _compiles["n"] += 1
+            _compiles["s"] += duration
+            _compiles["n"] += event == _COMPILE_EVENTS[-1]
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_event)
@@ -42,6 +49,13 @@ def compile_count() -> int:
     those its mesh workers ran (verification/mesh_worker.py)."""
     from .mesh_worker import WORKER_COMPILES
     return _compiles["n"] + WORKER_COMPILES["n"]
+
+
+def compile_seconds() -> float:
+    """Seconds spent tracing, lowering and compiling so far, this process's
+    and its mesh workers'."""
+    from .mesh_worker import WORKER_COMPILES
+    return _compiles["s"] + WORKER_COMPILES["s"]
 
 
 # -------------------------------------------------------------- memory maps
