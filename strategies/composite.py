@@ -63,6 +63,17 @@ def _geometries(rows, knobs, where, favour=None):
     return st.sampled_from(picked).map(lambda r: dict(zip(names, r)))
 
 
+def _draw_geometry(draw, rows, knobs, where, packed):
+    """(geometry dict, chunk C, sequence length T, (Hk, G, Dk, Dv), batch B)
+    drawn from the lattice rows passing `where` (packed: T >= 2, T >= C+1
+    favoured)."""
+    if packed:
+        where = _packable(where)
+    geo = draw(_geometries(rows, knobs, where, favour=_spans_a_chunk_edge if packed else None))
+    chunk = geo["chunk"]
+    return geo, chunk, lattice.seq_len(geo["length"], chunk), geo["layout"], geo["batch"]
+
+
 def _event_geometry(geo, length):
     event(f"T={geo['length']} (C={geo['chunk']})")
     event(f"dtypes {geo['dtypes'][0]}/{geo['dtypes'][1]}")
@@ -82,17 +93,11 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
     all-zero q/k rows, True forces at least one, False none. packed=True:
     T >= 2 (T >= C+1 favoured) and a drawn segment layout
     (strategies.segments, K = 4); packed=False: segments=()."""
-    if packed:
-        where = _packable(where)
     if not stable:
         base = where
         where = lambda geo: base(geo) and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1  # noqa: E731
-    geo = draw(_geometries(lattice.delta_geometries(), lattice.DELTA_KNOBS, where,
-                           favour=_spans_a_chunk_edge if packed else None))
-    chunk = geo["chunk"]
-    seq_len = lattice.seq_len(geo["length"], chunk)
-    hk, group, dk, dv = geo["layout"]
-    batch = geo["batch"]
+    geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
+        draw, lattice.delta_geometries(), lattice.DELTA_KNOBS, where, packed)
     n_zero = draw(st.integers(1 if zero_rows else 0, 0 if zero_rows is False else 2))
     rows = tuple(draw(st.tuples(st.sampled_from(("q", "k")), st.integers(0, batch - 1),
                                 st.integers(0, seq_len - 1), st.integers(0, hk - 1)))
@@ -139,14 +144,8 @@ def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIM
     False none. eps_values: the QK-norm eps values to draw from.
     packed=True: T >= 2 (T >= C+1 favoured) and a drawn segment layout
     (strategies.segments); packed=False: segments=()."""
-    if packed:
-        where = _packable(where)
-    geo = draw(_geometries(lattice.mixer_geometries(), lattice.MIXER_KNOBS, where,
-                           favour=_spans_a_chunk_edge if packed else None))
-    chunk = geo["chunk"]
-    seq_len = lattice.seq_len(geo["length"], chunk)
-    hk, group, dk, dv = geo["layout"]
-    batch = geo["batch"]
+    geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
+        draw, lattice.mixer_geometries(), lattice.MIXER_KNOBS, where, packed)
     hv = hk * group
     rows = draw(near_zero_rows(batch, seq_len, hk, min_rows=1 if near_zero else 0,
                                max_rows=0 if near_zero is False else 2))

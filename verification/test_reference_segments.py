@@ -201,15 +201,21 @@ def test_token_scan_is_the_deletion_definition(layout):
     np.testing.assert_allclose(o, o_ref, **TOL)
     np.testing.assert_allclose(s, s_ref, **TOL)
     assert np.all(np.asarray(o)[pad] == 0.0)
-    for name, gr, gr_ref in zip(("q", "k", "v", "g", "beta", "initial_state"),
-                                grads, grads_ref):
-        assert np.all(np.isfinite(gr)), name
-        np.testing.assert_allclose(gr, gr_ref, **TOL, err_msg=name)
-        if name != "initial_state":
-            _assert_zero_at_padding(name, gr, pad)
+    _assert_gradients_match(("q", "k", "v", "g", "beta", "initial_state"), grads, grads_ref,
+                            pad, zero_at_padding=("q", "k", "v", "g", "beta"))
     for r in np.flatnonzero(pad.all(axis=1)):     # no document: state passes through
         assert np.array_equal(s[r], args[5][r])
         assert np.array_equal(grads[5][r], cts[1][r])
+
+
+def _assert_gradients_match(names, grads, grads_ref, pad, zero_at_padding):
+    """Each gradient finite and equal to the deletion definition's; those
+    named in zero_at_padding exactly 0 at padding tokens."""
+    for name, gr, gr_ref in zip(names, grads, grads_ref):
+        assert np.all(np.isfinite(gr)), name
+        np.testing.assert_allclose(gr, gr_ref, **TOL, err_msg=name)
+        if name in zero_at_padding:
+            _assert_zero_at_padding(name, gr, pad)
 
 
 @pytest.mark.parametrize("layout, per_token_a_log", [
@@ -228,12 +234,9 @@ def test_mixer_is_the_deletion_definition(layout, per_token_a_log):
 
     np.testing.assert_allclose(o, o_ref, **TOL)
     assert np.all(np.asarray(o)[pad] == 0.0)
-    for name, gr, gr_ref in zip(("x", "conv_weight", "a", "b", "a_log", "dt_bias"),
-                                grads, grads_ref):
-        assert np.all(np.isfinite(gr)), name
-        np.testing.assert_allclose(gr, gr_ref, **TOL, err_msg=name)
-        if name in ("x", "a", "b") or (name == "a_log" and per_token_a_log):
-            _assert_zero_at_padding(name, gr, pad)
+    _assert_gradients_match(("x", "conv_weight", "a", "b", "a_log", "dt_bias"), grads,
+                            grads_ref, pad, zero_at_padding=("x", "a", "b") + (
+                                ("a_log",) if per_token_a_log else ()))
 
 
 def test_window_reaches_over_padding_not_across_documents():

@@ -15,6 +15,8 @@ from strategies.composite import DELTA_CONV_WIDTH
 from strategies.segments import (LAYOUT_FEATURES, documents, layout_features, padding_mask,
                                  segment_ids)
 
+from .test_reference_segments import documents as documents_by_deletion
+
 
 def _covers_all_pairs(knobs, rows):
     names = list(knobs)
@@ -147,20 +149,6 @@ def test_cases_round_trip_through_json_and_rebuild_identically(case):
 
 # --- packed sequences (strategies.segments) ---------------------------------
 
-def _documents_by_deletion(ids):
-    """The contract's definition, token by token: drop padding, then start
-    a new document wherever the id differs from the previous kept token's."""
-    docs, previous = [], None
-    for t, seg_id in enumerate(ids):
-        if seg_id == 0:
-            continue
-        if seg_id != previous:
-            docs.append([])
-        docs[-1].append(t)
-        previous = seg_id
-    return docs
-
-
 def test_documents_follow_the_deletion_definition_table():
     table = [([1, 1, 2, 2, 1], [[0, 1], [2, 3], [4]]),
              ([1, 1, 0, 0, 1], [[0, 1, 4]]),
@@ -175,7 +163,7 @@ def test_documents_follow_the_deletion_definition_table():
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 3), max_size=12))
 def test_documents_match_the_definition_token_by_token(ids):
-    assert [d.tolist() for d in documents(np.array(ids, np.int32))] == _documents_by_deletion(ids)
+    assert [d.tolist() for d in documents(np.array(ids, np.int32))] == documents_by_deletion(ids)
 
 
 # Hand-written layouts (C = 16, K = 4) and exactly the features they have;
