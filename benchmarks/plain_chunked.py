@@ -10,6 +10,7 @@ cumulative sums lose precision, which the benchmark's accuracy rows show.
 Per chunk, with S0 the incoming state [Dk, Dv] and Gam[i, j] = exp(G_i - G_j):
   A    = strict_lower(beta_i (k_i . k_j) Gam[i, j])
   E    = (I + A)^-1 (beta V - (beta e^G K) S0)         the delta-rule errors
+         ((I + A)^-1 by one triangular solve against I, then matmuls)
   o    = scale ((e^G Q) S0 + lower(Q K^T * Gam) E)
   S_C  = e^(G_C) S0 + (e^(G_C - G) K)^T E
 """
@@ -50,9 +51,17 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale: float, chunk: int = 64):
     kk = jnp.einsum("...id,...jd->...ij", k, k)
     a = jnp.where(strict, beta[..., None] * kk * gam, 0.0)
     eye = jnp.eye(chunk, dtype=f32)
-    rhs = jnp.concatenate([beta[..., None] * v, (beta * jnp.exp(G))[..., None] * k], axis=-1)
-    uw = jax.scipy.linalg.solve_triangular(eye + a, rhs, lower=True, unit_diagonal=True)
-    u, w = uw[..., :dv], uw[..., dv:]
+    # The inverse as one solve against the identity (a constant: its only
+    # cotangent path is through a, one transposed solve in the backward),
+    # then u, w by matmuls. Solving against [beta v | beta e^G k] instead
+    # deadlocks XLA:CPU on a 2-core machine: jax.grad transposes the a- and
+    # b-paths of that solve into two independent LAPACK trsm calls, each
+    # occupying one of the two intra-op threads while it waits for its own
+    # batch split (jaxlib's ParallelBatchMap) on the same pool.
+    tinv = jax.scipy.linalg.solve_triangular(eye + a, jnp.broadcast_to(eye, a.shape),
+                                             lower=True, unit_diagonal=True)
+    u = tinv @ (beta[..., None] * v)
+    w = tinv @ ((beta * jnp.exp(G))[..., None] * k)
     qk = jnp.where(lower, jnp.einsum("...id,...jd->...ij", q, k) * gam, 0.0)
     q_dec = jnp.exp(G)[..., None] * q
     k_tail = jnp.exp(G[..., -1:] - G)[..., None] * k
