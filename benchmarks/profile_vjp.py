@@ -8,17 +8,14 @@ Prints, for gated_delta_rule at one size (default the acceptance size):
   1. XLA cost analysis (flops, bytes accessed) and compiled temp memory of
      xla fwd, xla fwd+bwd, xla-autodiff fwd+bwd;
   2. interleaved, settled medians of xla vs xla-autodiff fwd+bwd;
-  3. xla_impl.forward by stage, each jitted alone (ms and us/token):
-       intra    chunked layout, chunk_intra (decay, inverse, WY factors),
-                vmapped over all chunks
-       scan     the scan over chunks carrying the state
-       outputs  chunk_output vmapped over all chunks
-  4. xla_impl.backward by stage, each jitted alone on the forward's residuals:
-       intra    chunked layout, chunk_backward_intra (decay, WY factors,
-                attention, dS1-independent terms) vmapped over all chunks
-       scan     the reverse scan carrying dS (chunk_state_cotangent_step)
-       chunks   chunk_backward vmapped over all chunks (from the scan's dE)
-       layout   from_chunks / sum_head_groups of the gradients
+  3. xla_impl.forward by stage, each jitted alone (ms and us/token): the
+     layout change to super-blocks, then one super-block's chunk_intra
+     (decay, inverse, WY factors), state pass (inner scan) and outputs;
+     a block stage's share of the whole is its time times the block count
+  4. xla_impl.backward by stage on one super-block: the backward terms
+     (decay factors, and the dS1-independent cotangent terms from the
+     forward's residuals), the cotangent pass (inner reverse scan),
+     chunk_backward
   5. with --order-effect: the xla fwd+bwd timed right after its own run and
      right after a reference fwd+bwd run (why timing.py settles each run).
 """
@@ -34,7 +31,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from gdn_kernels import xla_impl
+from gdn_kernels import chunk_math as cm
+from gdn_kernels import layout, xla_impl
 
 from . import timing, workloads
 
@@ -67,36 +65,55 @@ def _flops(fn, args) -> str:
         return f"no cost analysis ({err})"
 
 
+def _first_block(blocks):
+    """The first super-block of a blocked pytree ([NB, ...] leaves -> [...])."""
+    return jax.tree.map(lambda x: x[0], blocks)
+
+
 def forward_stages(q, k, v, g, beta, s0, scale, chunk):
-    """xla_impl.forward's stages, jitted, with their arguments: name -> (fn, args)."""
+    """xla_impl.forward's stages, jitted, with their arguments: name -> (fn,
+    args). The per-block stages run on the first super-block; times them the
+    block count (xla_impl.SUPER_BLOCK chunks a block) is their share."""
     acc = jnp.float32
-    t = q.shape[1]
-    j_intra = jax.jit(lambda *a: xla_impl.forward_intra(*a, chunk, acc))
-    j_scan = jax.jit(lambda *a: xla_impl.state_scan(*a, acc))
-    j_out = jax.jit(lambda *a: xla_impl.chunk_outputs(*a, scale, t))
-    qc, kc, intra = jax.block_until_ready(j_intra(q, k, v, g, beta))
-    _, states, new_values = jax.block_until_ready(j_scan(s0, kc, intra))
-    return {"intra": (j_intra, (q, k, v, g, beta)),
-            "scan": (j_scan, (s0, kc, intra)),
-            "outputs": (j_out, (qc, kc, states, new_values, intra.dec))}
+    j_layout = jax.jit(lambda *a: xla_impl.to_blocks(*a, None, chunk, acc))
+    blocks = jax.block_until_ready(j_layout(q, k, v, g, beta))
+    blk = _first_block(blocks)
+    j_intra = jax.jit(lambda b: xla_impl._vmap_n(cm.chunk_intra, 3)(b.k, b.v, b.g, b.beta,
+                                                                    b.seg))
+    intra = jax.block_until_ready(j_intra(blk))
+    j_state = jax.jit(xla_impl.state_pass)
+    _, states, new_values = jax.block_until_ready(j_state(s0, blk.k, intra))
+    def outputs(b, st, e, dec):
+        p = xla_impl._vmap_n(cm.chunk_attention, 3)(b.q, b.k, dec)
+        return xla_impl._vmap_n(cm.chunk_output, 3, in_axes=(0, 0, 0, 0, 0, None))(
+            b.q, st, e, p, dec, scale)
+    j_out = jax.jit(outputs)
+    return {"layout (to_blocks)": (j_layout, (q, k, v, g, beta)),
+            "block: chunk_intra": (j_intra, (blk,)),
+            "block: state pass": (j_state, (s0, blk.k, intra)),
+            "block: outputs": (j_out, (blk, states, new_values, intra.dec))}
 
 
 def backward_stages(q, k, v, g, beta, res, do, ds_final, scale, chunk):
-    """xla_impl.backward's stages, jitted, with their arguments: name -> (fn, args)."""
+    """xla_impl.backward's stages on the first super-block, jitted, with
+    their arguments: name -> (fn, args)."""
     acc = jnp.float32
-    t, group = q.shape[1], v.shape[2] // q.shape[2]
-    j_intra = jax.jit(lambda *a: xla_impl.backward_intra(*a, scale, chunk, acc))
-    j_scan = jax.jit(lambda *a: xla_impl.state_cotangent_scan(*a, acc))
-    j_chunks = jax.jit(lambda *a: xla_impl.chunk_grads(*a, scale))
-    j_layout = jax.jit(lambda grads: xla_impl.grads_to_contract(grads, t, group))
-    qc, kc, vc, bc, doc, bwd = jax.block_until_ready(j_intra(q, k, v, g, beta, res.tinv, do))
-    _, ds_ends, d_new = jax.block_until_ready(j_scan(ds_final, kc, bwd))
-    chunks_args = (qc, kc, vc, bc, res.states, doc, ds_ends, d_new, bwd)
-    grads = jax.block_until_ready(j_chunks(*chunks_args))
-    return {"intra": (j_intra, (q, k, v, g, beta, res.tinv, do)),
-            "scan": (j_scan, (ds_final, kc, bwd)),
-            "chunks (chunk_backward)": (j_chunks, chunks_args),
-            "layout": (j_layout, (grads,))}
+    t = q.shape[1]
+    _, per_block = layout.blocks_of(t, chunk, xla_impl.SUPER_BLOCK)
+    dob = jax.jit(lambda d: layout.to_blocks(d, chunk, per_block, acc))(do)
+    blk, res0, do0 = _first_block(res.blocks), _first_block(res.chunks), _first_block(dob)
+    j_terms = jax.jit(lambda b, r, d: xla_impl._vmap_n(
+        xla_impl._backward_terms, 3, in_axes=(0,) * 5 + (None,))(b.q, b.g, b.seg, r, d, scale))
+    bwd = jax.block_until_ready(j_terms(blk, res0, do0))
+    ds1 = ds_final.astype(acc)
+    j_pass = jax.jit(xla_impl.cotangent_pass)
+    _, ds_ends, d_new = jax.block_until_ready(j_pass(ds1, blk.k, bwd))
+    j_chunks = jax.jit(lambda b, r, d, e, dn, bw: xla_impl._vmap_n(
+        cm.chunk_backward, 3, in_axes=(0,) * 10 + (None,))(
+        b.q, b.k, b.v, b.beta, r.states, r.new_values, d, e, dn, bw, scale))
+    return {"block: backward terms": (j_terms, (blk, res0, do0)),
+            "block: cotangent pass": (j_pass, (ds1, blk.k, bwd)),
+            "block: chunk_backward": (j_chunks, (blk, res0, do0, ds_ends, d_new, bwd))}
 
 
 def main(argv=None) -> int:
@@ -135,7 +152,9 @@ def main(argv=None) -> int:
 
     tokens = size.B * size.T
     s0 = jnp.zeros((size.B, size.Hv, size.Dk, size.Dv), jnp.float32)
-    print("\n3. xla_impl.forward by stage (each jitted alone), ms and us per token")
+    n_blocks, _ = layout.blocks_of(size.T, chunk, xla_impl.SUPER_BLOCK)
+    print(f"\n3. xla_impl.forward by stage (each jitted alone; {n_blocks} super-blocks), "
+          "ms and us per token")
     fwd_entries = {"full xla_impl.forward": (
         jax.jit(lambda *a: xla_impl.forward(*a, scale, chunk)), (q, k, v, g, beta, s0))}
     fwd_entries.update(forward_stages(q, k, v, g, beta, s0, scale, chunk))
@@ -149,7 +168,7 @@ def main(argv=None) -> int:
         (q, k, v, g, beta, resid, co, cs))}
     bwd_entries.update(backward_stages(q, k, v, g, beta, resid, co, cs, scale, chunk))
     _print_times(_median_interleaved(bwd_entries, args.repeats), tokens)
-    for name in ("intra", "chunks (chunk_backward)"):
+    for name in ("block: backward terms", "block: chunk_backward"):
         fn, a = bwd_entries[name]
         print(f"   {name:<26}{_flops(fn, a)}")
 

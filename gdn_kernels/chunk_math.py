@@ -279,12 +279,18 @@ def chunk_wy_factors(k, v, beta, dec: ChunkDecay, tinv) -> ChunkIntra:
     return ChunkIntra(dec=dec, tinv=tinv, u=u, w=w)
 
 
+def chunk_new_values(intra: ChunkIntra, s0):
+    """E = u - w S0 [C, Dv]: the values the chunk writes, given the state
+    s0 [Dk, Dv] entering it."""
+    return intra.u - _dot(intra.w, s0)
+
+
 def chunk_state_step(s0, k, intra: ChunkIntra):
     """State across one chunk. s0 [Dk, Dv], k [C, Dk].
 
     Returns (E [C, Dv] new values, S1 [Dk, Dv] state at the chunk end).
     """
-    new_values = intra.u - _dot(intra.w, s0)
+    new_values = chunk_new_values(intra, s0)
     s1 = intra.dec.total * s0 + _dot_tn(k * intra.dec.tail, new_values)
     return new_values, s1
 
@@ -295,11 +301,11 @@ def chunk_attention(q, k, dec: ChunkDecay):
     return _dot_nt(q, k) * dec.decay
 
 
-def chunk_output(q, k, s0, new_values, dec: ChunkDecay, scale):
-    """o = scale ((q exp(Gam)) S0 + P E). q, k [C, Dk], s0 [Dk, Dv],
-    new_values [C, Dv] -> [C, Dv]."""
+def chunk_output(q, s0, new_values, p, dec: ChunkDecay, scale):
+    """o = scale ((q exp(Gam)) S0 + P E). q [C, Dk], s0 [Dk, Dv],
+    new_values [C, Dv], p [C, C] (chunk_attention) -> [C, Dv]."""
     inter = _dot(q * dec.gam_exp, s0)
-    intra = _dot(chunk_attention(q, k, dec), new_values)
+    intra = _dot(p, new_values)
     return scale * (inter + intra)
 
 
@@ -355,10 +361,16 @@ def chunk_backward_intra(q, k, v, g, beta, tinv, do, scale,
     the dS1-independent cotangent terms of one chunk. do [C, Dv]; seg:
     packed documents or None."""
     dec = chunk_decay(g, seg)
-    intra = chunk_wy_factors(k, v, beta, dec, tinv)
-    p = chunk_attention(q, k, dec)
+    return chunk_backward_terms(q, chunk_wy_factors(k, v, beta, dec, tinv),
+                                chunk_attention(q, k, dec), do, scale)
+
+
+def chunk_backward_terms(q, intra: ChunkIntra, p, do, scale) -> ChunkBackwardIntra:
+    """ChunkBackwardIntra from the forward's per-chunk quantities (intra,
+    p = chunk_attention) when they were kept: only the dS1-independent
+    cotangent terms are computed. q [C, Dk], do [C, Dv]."""
     return ChunkBackwardIntra(intra=intra, p=p,
-                              terms=chunk_cotangent_terms(q, p, do, dec, scale))
+                              terms=chunk_cotangent_terms(q, p, do, intra.dec, scale))
 
 
 def chunk_state_cotangent_step(ds1, k, intra: ChunkIntra, terms: ChunkCotangentTerms):
@@ -397,20 +409,20 @@ def _straddling_pair_sums(z):
     return _col_sums_as_column(jnp.where(row >= col, before, 0.0))
 
 
-def chunk_backward(q, k, v, beta, s0, do, ds1, d_new, bwd: ChunkBackwardIntra,
+def chunk_backward(q, k, v, beta, s0, new_values, do, ds1, d_new, bwd: ChunkBackwardIntra,
                    scale) -> ChunkGrads:
     """One chunk, backward, from what the state-cotangent pass already has.
 
     q, k [C, Dk], v [C, Dv], beta [C, 1], s0 [Dk, Dv] (state entering the
-    chunk), do [C, Dv], ds1 [Dk, Dv] (cotangent of the chunk-end state),
-    d_new [C, Dv] (dE, from chunk_state_cotangent_step), bwd (from
-    chunk_backward_intra). Returns ChunkGrads.
+    chunk), new_values [C, Dv] (E, chunk_new_values), do [C, Dv], ds1
+    [Dk, Dv] (cotangent of the chunk-end state), d_new [C, Dv] (dE, from
+    chunk_state_cotangent_step), bwd (from chunk_backward_intra or
+    chunk_backward_terms). Returns ChunkGrads.
     """
     n = q.shape[0]
     row, col = _row_col(n)
     intra, p = bwd.intra, bwd.p
     dec, tinv = intra.dec, intra.tinv
-    new_values = intra.u - _dot(intra.w, s0)
 
     # output o = scale ((q exp(Gam)) S0 + P E)
     dp = jnp.where(row >= col, scale * _dot_nt(do, new_values), 0.0)

@@ -1,5 +1,6 @@
-"""Moving between the contract layout [B, T, H, D] and the chunked layout
-[N, B, H, C, D] (N chunks of C tokens, T padded with identity steps)."""
+"""Moving between the contract layout [B, T, H, D] and the blocked chunk
+layout [NB, S, B, H, C, D] (NB super-blocks of S chunks of C tokens, T padded
+with identity steps)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ def num_chunks(t: int, chunk: int) -> int:
 
 
 def pad_time(x, chunk: int):
-    """Zero-pad axis 1 (time) of x [B, T, ...] up to a multiple of chunk.
+    """Zero-pad axis 1 (time) of x [B, T, ...] up to a multiple of chunk
+    (of chunk * S for the blocked layout).
 
     Zero k, beta and g make the padded steps identities of the recurrence
     (S' = exp(0) S, no write), so the final state is unaffected."""
@@ -26,8 +28,8 @@ def pad_time(x, chunk: int):
 
 
 def segment_scalars(seg, heads: int, chunk: int, dtype):
-    """Packed-document columns per value head, time padded to a chunk
-    multiple: (doc, start) [B, Tp, H] in dtype. seg: segments.Segments.
+    """Packed-document columns per value head, time padded to a multiple of
+    chunk (C, or C * S): (doc, start) [B, Tp, H] in dtype. seg: segments.Segments.
 
     The padded tail continues the row's last document (doc repeats its last
     value, start 0), so the identity steps there cut nothing."""
@@ -41,27 +43,35 @@ def segment_scalars(seg, heads: int, chunk: int, dtype):
             jnp.broadcast_to(start[..., None], shape).astype(dtype))
 
 
-def to_chunks(x, chunk: int, dtype):
-    """[B, T, H, D] -> [N, B, H, C, D] in dtype (time padded)."""
-    x = pad_time(x, chunk).astype(dtype)
+def blocks_of(t: int, chunk: int, per_block: int):
+    """(NB, S): super-blocks and chunks per block for T tokens, S =
+    min(per_block, N) so a short row is one block with no padded chunk."""
+    s = max(1, min(per_block, num_chunks(t, chunk)))
+    return num_chunks(t, chunk * s), s
+
+
+def to_blocks(x, chunk: int, per_block: int, dtype):
+    """[B, T, H, D] -> [NB, S, B, H, C, D] in dtype (time padded to NB S C)."""
+    x = pad_time(x, chunk * per_block).astype(dtype)
     b, tp, h, d = x.shape
-    return x.reshape(b, tp // chunk, chunk, h, d).transpose(1, 0, 3, 2, 4)
+    x = x.reshape(b, tp // (chunk * per_block), per_block, chunk, h, d)
+    return x.transpose(1, 2, 0, 4, 3, 5)
 
 
-def scalars_to_chunks(x, chunk: int, dtype):
-    """[B, T, H] -> [N, B, H, C, 1] (per-token scalars as columns)."""
-    return to_chunks(x[..., None], chunk, dtype)
+def scalars_to_blocks(x, chunk: int, per_block: int, dtype):
+    """[B, T, H] -> [NB, S, B, H, C, 1] (per-token scalars as columns)."""
+    return to_blocks(x[..., None], chunk, per_block, dtype)
 
 
-def from_chunks(x, t: int):
-    """[N, B, H, C, D] -> [B, T, H, D] (padding dropped)."""
-    n, b, h, c, d = x.shape
-    return x.transpose(1, 0, 3, 2, 4).reshape(b, n * c, h, d)[:, :t]
+def from_blocks(x, t: int):
+    """[NB, S, B, H, C, D] -> [B, T, H, D] (padding dropped)."""
+    nb, s, b, h, c, d = x.shape
+    return x.transpose(2, 0, 1, 4, 3, 5).reshape(b, nb * s * c, h, d)[:, :t]
 
 
-def scalars_from_chunks(x, t: int):
-    """[N, B, H, C, 1] -> [B, T, H]."""
-    return from_chunks(x, t)[..., 0]
+def scalars_from_blocks(x, t: int):
+    """[NB, S, B, H, C, 1] -> [B, T, H]."""
+    return from_blocks(x, t)[..., 0]
 
 
 def repeat_heads(x, group: int):

@@ -288,7 +288,8 @@ def _forward_kernel(*refs, scale, chunk, group):
     s0 = s_scr[...]
     intra = cm.chunk_intra(k, v, g, beta, seg)
     new_values, s1 = cm.chunk_state_step(s0, k, intra)
-    o_ref[...] = cm.chunk_output(q, k, s0, new_values, intra.dec, scale)
+    p = cm.chunk_attention(q, k, intra.dec)
+    o_ref[...] = cm.chunk_output(q, s0, new_values, p, intra.dec, scale)
     tinv_ref[...] = intra.tinv
     states_ref[...] = s0
     s_scr[...] = s1
@@ -360,7 +361,8 @@ def _backward_kernel(*refs, scale, chunk, group):
     ds1 = ds_scr[...]
     bwd = cm.chunk_backward_intra(q, k, v, g, beta, tinv, do, scale, seg)
     d_new, ds0 = cm.chunk_state_cotangent_step(ds1, k, bwd.intra, bwd.terms)
-    grads = cm.chunk_backward(q, k, v, beta, s0, do, ds1, d_new, bwd, scale)
+    grads = cm.chunk_backward(q, k, v, beta, s0, cm.chunk_new_values(bwd.intra, s0), do, ds1,
+                              d_new, bwd, scale)
     dq_ref[...] = grads.dq
     dk_ref[...] = grads.dk
     dv_ref[...] = grads.dv

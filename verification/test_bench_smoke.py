@@ -5,9 +5,9 @@ this process's counts); checks the JSON and Markdown structure, and that
 
 import json
 import os
+import resource
 import subprocess
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,11 +16,15 @@ def test_quick_ladder_writes_json_and_markdown(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks", "--quick", "--impls", "xla", "reference",
            "--repeats", "1", "--out", str(tmp_path), "--name", "smoke", "--no-plot",
            "--no-accuracy"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    wall = time.perf_counter() - t0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert wall < 60, f"smoke run took {wall:.0f} s"
+    # The smoke run's cost in CPU seconds (measured alone: 51 CPU s in 33 s
+    # of wall): its wall time doubles when the other xdist worker is busy
+    # (84 s seen), its CPU time does not.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 120, f"smoke run took {cpu:.0f} CPU s"
 
     doc = json.loads((tmp_path / "smoke.json").read_text())
     assert set(doc) >= {"meta", "config", "results", "ratios", "fits", "acceptance", "suite"}

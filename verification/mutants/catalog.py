@@ -77,10 +77,10 @@ _ALL = [
     Mutant("gva_dq_dk_not_summed",
            "dq/dk of a key head taken from its first value head instead of summed over the G heads",
            "xla_impl.py",
-           "    dq = layout.sum_head_groups(layout.from_chunks(grads.dq, t), group)\n"
-           "    dk = layout.sum_head_groups(layout.from_chunks(grads.dk, t), group)",
-           "    dq = layout.from_chunks(grads.dq, t)[:, :, ::group]\n"
-           "    dk = layout.from_chunks(grads.dk, t)[:, :, ::group]",
+           "    dq = layout.sum_head_groups(layout.from_blocks(grads.dq, t), group)\n"
+           "    dk = layout.sum_head_groups(layout.from_blocks(grads.dk, t), group)",
+           "    dq = layout.from_blocks(grads.dq, t)[:, :, ::group]\n"
+           "    dk = layout.from_blocks(grads.dk, t)[:, :, ::group]",
            ("delta_rule_gradient_parity", "gva_equals_explicit_repeat"), impls=("xla",)),
     Mutant("conv_bwd_shift_by_one",
            "Conv1D backward shifted by one tap",
@@ -99,7 +99,7 @@ _ALL = [
            "cotangent of initial_state dropped (zeros returned)",
            "xla_impl.py",
            "    return dq, dk, dv, dg, dbeta, ds_initial",
-           "    return dq, dk, dv, dg, dbeta, jnp.zeros_like(ds_initial)",
+           "    return dq, dk, dv, dg, dbeta, jax.numpy.zeros_like(ds_initial)",
            ("delta_rule_gradient_parity",), impls=("xla",)),
     Mutant("beta_applied_twice",
            "beta applied twice to the values in the WY factor u = Tinv (beta v)",
@@ -137,8 +137,8 @@ _ALL += [
     Mutant("initial_state_ignored",
            "initial_state ignored by the chunked forward (zeros used)",
            "xla_impl.py",
-           "    s0 = varying_like(s0.astype(acc), kc, intra)",
-           "    s0 = varying_like(jnp.zeros_like(s0, acc), kc, intra)",
+           "    s0 = varying_like(s0.astype(acc), blocks)",
+           "    s0 = varying_like(jax.numpy.zeros_like(s0, acc), blocks)",
            ("split_invariance", "delta_rule_forward_parity"), impls=("xla",)),
     Mutant("l2norm_bwd_hardcoded_eps",
            "L2-norm backward hard-codes eps = 1e-6 instead of using its eps argument",
