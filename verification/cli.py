@@ -106,6 +106,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv[:1] == ["bench"]:  # every option belongs to the benchmark's own parser
         from benchmarks.__main__ import main as bench_main
         return bench_main(argv[1:])
+    # the suite's compile settings, for replay in this process and for the
+    # processes `run` and `mutants` start (the benchmarks keep XLA's defaults)
+    from . import compile_settings
+    compile_settings.apply()
     extra: List[str] = []
     if "--" in argv:
         i = argv.index("--")

@@ -7,10 +7,15 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
-from hypothesis import settings
+from . import compile_settings
 
-from . import counterexamples, harness, registry, reports, runners
+# before this process's first XLA computation (see compile_settings)
+COMPILE_SETTINGS = compile_settings.apply()
+
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from . import counterexamples, harness, registry, reports, runners  # noqa: E402
 from .profiles import register_profiles, selected_profile
 from .targets import ENV_VAR as TARGET_ENV
 from .targets import Target
@@ -109,7 +114,8 @@ def _profile_name() -> str:
 def pytest_report_header(config):
     s = settings()
     return [f"gdn-verify: target={Target.parse().spec} profile={_profile_name()} "
-            f"max_examples={s.max_examples} derandomize={s.derandomize}"]
+            f"max_examples={s.max_examples} derandomize={s.derandomize}",
+            f"gdn-verify: {COMPILE_SETTINGS}"]
 
 
 @pytest.fixture(scope="session")
