@@ -129,3 +129,24 @@ def test_a_kill_without_its_killing_example_fails_the_baseline():
               "killing_example": None}
     baseline = replay_killing_examples([record], jobs=2)
     assert not baseline["passed"] and "no_decay_between_chunks:xla" in baseline["log_tail"]
+
+
+def test_processes_materialising_one_mutant_at_once_share_one_copy(tmp_path):
+    """The two impl runs of one mutant (and any other processes) may
+    materialise the same mutated package at the same moment: every one of
+    them gets a complete package and none fails."""
+    import os
+    import subprocess
+    import sys
+    name = next(iter(MUTANTS))
+    code = ("import sys; from verification.mutants import materialize; "
+            "print(materialize(sys.argv[1]))")
+    env = dict(os.environ, GDN_MUTANT_DIR=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", code, name], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+    assert all(rc == 0 for _, _, rc in results), [err for _, err, _ in results]
+    package = tmp_path / f"gdn_mutant_{name}"
+    assert (package / MUTANTS[name].file).read_text().count(MUTANTS[name].new) >= 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [package.name]

@@ -101,16 +101,27 @@ def mutated_source(name: str) -> tuple:
 
 
 def materialize(name: str) -> str:
-    """Create (once) the mutated package for mutant `name`; returns its module name."""
+    """Create (once) the mutated package for mutant `name`; returns its
+    module name. The copy is built under a temporary name and renamed into
+    place, so processes materialising the same mutant at once never see a
+    half-written package (the first rename wins; the others drop theirs)."""
     mutant = MUTANTS[name]
     module_name = PREFIX + name
     target_dir = os.path.join(_root(), module_name)
     if not os.path.isdir(target_dir):
         _, mutated = mutated_source(name)      # PatchError before any copy
-        shutil.copytree(_package_dir(), target_dir,
+        scratch = tempfile.mkdtemp(prefix=f".{module_name}-", dir=_root())
+        building = os.path.join(scratch, module_name)
+        shutil.copytree(_package_dir(), building,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        with open(os.path.join(target_dir, mutant.file), "w") as f:
+        with open(os.path.join(building, mutant.file), "w") as f:
             f.write(mutated)
+        try:
+            os.rename(building, target_dir)
+        except OSError:
+            if not os.path.isdir(target_dir):
+                raise
+        shutil.rmtree(scratch, ignore_errors=True)
     return module_name
 
 

@@ -47,7 +47,7 @@ from typing import List, Optional, Tuple
 
 from ..registry import load_all, select
 from ..reports import shard_of
-from . import MUTANTS, PREFIX, PatchError, materialize
+from . import MUTANTS, PREFIX, PatchError, materialize, mutant_root
 
 SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROPERTY_TESTS = os.path.join(SUITE_DIR, "test_properties.py")
@@ -59,11 +59,13 @@ _CACHE_WRITE_THRESHOLD = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 def _env(run_dir: str, stats_file: str) -> dict:
     """A mutant process's environment: the kill profile, its own
     counterexample folder, the caller's compile cache read-only (an entry
-    is written only for a compile slower than the threshold: 1e9 s)."""
+    is written only for a compile slower than the threshold: 1e9 s), and
+    the caller's folder of mutated packages (materialised before any run
+    starts, so the runs of one mutant on two impls share one copy)."""
     env = dict(os.environ)
     if env.get("JAX_COMPILATION_CACHE_DIR"):
         env[_CACHE_WRITE_THRESHOLD] = "1e9"
-    env["GDN_MUTANT_DIR"] = os.path.dirname(run_dir)
+    env["GDN_MUTANT_DIR"] = mutant_root()
     env["GDN_STATS_FILE"] = stats_file
     env["GDN_PROFILE"] = PROFILE
     env["GDN_COUNTEREXAMPLES"] = os.path.join(run_dir, "counterexamples")
