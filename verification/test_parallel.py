@@ -25,14 +25,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(tmp_path, name, extra, profile="ci", properties=PROPERTIES):
-    """One pytest process on the wrong target; (process, its stats report)."""
+    """One pytest process on the wrong target; (process, its stats report).
+    The dev profile gets a database of its own; the ci profile none, which
+    keeps it derandomized (with GDN_HYPOTHESIS_DB set it would reuse stored
+    failures and draw random examples: the failing property's shrink path,
+    and so its example count, would differ from run to run)."""
     stats = tmp_path / f"{name}.json"
     env = dict(os.environ, GDN_PROFILE=profile, GDN_CI_EXAMPLES="4", GDN_STATS_FILE=str(stats),
-               GDN_HYPOTHESIS_DB=str(tmp_path / f"{name}-examples"),
                GDN_COUNTEREXAMPLES=str(tmp_path / "counterexamples"),
                JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env.pop("GDN_HYPOTHESIS_DB", None)
+    if profile == "dev":
+        env["GDN_HYPOTHESIS_DB"] = str(tmp_path / f"{name}-examples")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "verification.plugin", "-q",
          "-p", "no:cacheprovider", "verification/test_properties.py",
