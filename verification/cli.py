@@ -92,6 +92,7 @@ def merge_reports(files: List[str], report_dir: str) -> int:
     from .reports import markdown, merge
     report = merge(files)
     text = markdown(report)
+    os.makedirs(report_dir, exist_ok=True)
     with open(os.path.join(report_dir, "merged-report.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(report_dir, "merged-report.md"), "w") as f:

@@ -53,9 +53,13 @@ def merge(paths: List[str]) -> dict:
 def _merge_mutation(reports: List[dict]) -> dict:
     from .mutants import MUTANTS
     from .mutants.runner import kill_summary
-    order = {name: k for k, name in enumerate(MUTANTS)}       # the catalog's order
+    # the unsharded run's order: the catalog's mutants, each on its impls in
+    # the order it declares them
+    runs = [(name, impl) for name in MUTANTS for impl in MUTANTS[name].impls]
+    order = {run: k for k, run in enumerate(runs)}
     results = sorted((m for r in reports for m in r["mutants"]),
-                     key=lambda m: (order.get(m["mutant"], len(order)), m["mutant"], m["impl"]))
+                     key=lambda m: (order.get((m["mutant"], m["impl"]), len(order)),
+                                    m["mutant"], m["impl"]))
     passed = all(r["baseline"]["passed"] for r in reports)
     replayed = sum(r["baseline"].get("replayed", 0) for r in reports)
     wall = max(r.get("wall_s", 0.0) for r in reports)

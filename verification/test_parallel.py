@@ -137,14 +137,31 @@ def _mutant_record(name, impl, killed):
 
 def test_mutation_shards_merge_in_catalog_order_with_one_kill_rate(tmp_path):
     names = list(MUTANTS)[:3]
-    records = [_mutant_record(n, "xla", killed=(k != 1)) for k, n in enumerate(names)]
+    records = [_mutant_record(n, impl, killed=(k != 1)) for k, n in enumerate(names)
+               for impl in MUTANTS[n].impls]
     paths = []
-    for i, part in enumerate(([records[2], records[0]], [records[1]])):
+    for i, part in enumerate((records[::2], records[1::2])):
         path = tmp_path / f"m{i}.json"
-        path.write_text(json.dumps({"mutants": part, "baseline": {"passed": True},
+        path.write_text(json.dumps({"mutants": part[::-1], "baseline": {"passed": True},
                                     "wall_s": 5.0 + i}))
         paths.append(str(path))
     merged = reports.merge(paths)
-    assert [m["mutant"] for m in merged["mutants"]] == names
-    assert merged["summary"].startswith("kill rate: 2/3") and not merged["passed"]
+    # the unsharded run's order: catalog order, each mutant's impls as declared
+    assert [(m["mutant"], m["impl"]) for m in merged["mutants"]] == [
+        (r["mutant"], r["impl"]) for r in records]
+    killed = sum(r["killed"] for r in records)
+    assert merged["summary"].startswith(f"kill rate: {killed}/{len(records)}")
+    assert not merged["passed"]
     assert reports.markdown(merged).splitlines()[-1].startswith("FAIL: 2 shard(s)")
+
+
+def test_merge_reports_command_writes_into_a_new_folder(tmp_path, capsys):
+    from verification.cli import main
+    record = _mutant_record(next(iter(MUTANTS)), "xla", killed=True)
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"mutants": [record], "baseline": {"passed": True},
+                                "wall_s": 1.0}))
+    out = tmp_path / "merged" / "here"
+    assert main(["merge-reports", str(path), "--report-dir", str(out)]) == 0
+    assert json.loads((out / "merged-report.json").read_text())["passed"]
+    assert "kill rate: 1/1" in (out / "merged-report.md").read_text()
