@@ -8,8 +8,8 @@ Prints, for gated_delta_rule at one size (default the acceptance size):
   1. XLA cost analysis (flops, bytes accessed) and compiled temp memory of
      xla fwd, xla fwd+bwd, xla-autodiff fwd+bwd;
   2. interleaved, settled medians of xla vs xla-autodiff fwd+bwd;
-  3. xla_impl.forward by stage, each jitted alone (ms and us/token): the
-     layout change to super-blocks, then one super-block's chunk_intra
+  3. xla_impl.forward by stage, each jitted alone (ms and us/token): one
+     super-block's slice to the chunk layout (block_at), its chunk_intra
      (decay, inverse, WY factors), state pass (inner scan) and outputs;
      a block stage's share of the whole is its time times the block count
   4. xla_impl.backward by stage on one super-block: the backward terms
@@ -66,7 +66,7 @@ def _flops(fn, args) -> str:
 
 
 def _first_block(blocks):
-    """The first super-block of a blocked pytree ([NB, ...] leaves -> [...])."""
+    """The first super-block of a pytree stacked by the scan ([NB, ...] leaves -> [...])."""
     return jax.tree.map(lambda x: x[0], blocks)
 
 
@@ -74,10 +74,10 @@ def forward_stages(q, k, v, g, beta, s0, scale, chunk):
     """xla_impl.forward's stages, jitted, with their arguments: name -> (fn,
     args). The per-block stages run on the first super-block; times them the
     block count (xla_impl.SUPER_BLOCK chunks a block) is their share."""
-    acc = jnp.float32
-    j_layout = jax.jit(lambda *a: xla_impl.to_blocks(*a, None, chunk, acc))
-    blocks = jax.block_until_ready(j_layout(q, k, v, g, beta))
-    blk = _first_block(blocks)
+    padded = xla_impl.pad_inputs(q, k, v, g, beta, None, chunk)
+    zero = jnp.int32(0)
+    j_layout = jax.jit(lambda i: xla_impl.block_at(padded, i))
+    blk = jax.block_until_ready(j_layout(zero))
     j_intra = jax.jit(lambda b: xla_impl._vmap_n(cm.chunk_intra, 3)(b.k, b.v, b.g, b.beta,
                                                                     b.seg))
     intra = jax.block_until_ready(j_intra(blk))
@@ -85,32 +85,34 @@ def forward_stages(q, k, v, g, beta, s0, scale, chunk):
     _, states, new_values = jax.block_until_ready(j_state(s0, blk.k, intra))
     def outputs(b, st, e, dec):
         p = xla_impl._vmap_n(cm.chunk_attention, 3)(b.q, b.k, dec)
-        return xla_impl._vmap_n(cm.chunk_output, 3, in_axes=(0, 0, 0, 0, 0, None))(
+        o = xla_impl._vmap_n(cm.chunk_output, 3, in_axes=(0, 0, 0, 0, 0, None))(
             b.q, st, e, p, dec, scale)
+        return layout.block_to_rows(o)
     j_out = jax.jit(outputs)
-    return {"layout (to_blocks)": (j_layout, (q, k, v, g, beta)),
+    return {"block: slice (block_at)": (j_layout, (zero,)),
             "block: chunk_intra": (j_intra, (blk,)),
             "block: state pass": (j_state, (s0, blk.k, intra)),
             "block: outputs": (j_out, (blk, states, new_values, intra.dec))}
 
 
 def backward_stages(q, k, v, g, beta, res, do, ds_final, scale, chunk):
-    """xla_impl.backward's stages on the first super-block, jitted, with
-    their arguments: name -> (fn, args)."""
-    acc = jnp.float32
-    t = q.shape[1]
-    _, per_block = layout.blocks_of(t, chunk, xla_impl.SUPER_BLOCK)
-    dob = jax.jit(lambda d: layout.to_blocks(d, chunk, per_block, acc))(do)
-    blk, res0, do0 = _first_block(res.blocks), _first_block(res.chunks), _first_block(dob)
+    """xla_impl.backward's stages on the last super-block (the first the
+    backward visits), jitted, with their arguments: name -> (fn, args)."""
+    padded = xla_impl.pad_inputs(q, k, v, g, beta, None, chunk)
+    last = jnp.int32(padded.num_blocks - 1)
+    do = layout.pad_time(do, chunk * padded.per_block)
+    blk = jax.jit(lambda i: xla_impl.block_at(padded, i))(last)
+    do0 = jax.jit(lambda i: layout.block_at(do, i, chunk, padded.per_block, padded.acc))(last)
+    res0 = jax.tree.map(lambda x: x[-1], res)
     j_terms = jax.jit(lambda b, r, d: xla_impl._vmap_n(
         xla_impl._backward_terms, 3, in_axes=(0,) * 5 + (None,))(b.q, b.g, b.seg, r, d, scale))
     bwd = jax.block_until_ready(j_terms(blk, res0, do0))
-    ds1 = ds_final.astype(acc)
+    ds1 = ds_final.astype(padded.acc)
     j_pass = jax.jit(xla_impl.cotangent_pass)
     _, ds_ends, d_new = jax.block_until_ready(j_pass(ds1, blk.k, bwd))
-    j_chunks = jax.jit(lambda b, r, d, e, dn, bw: xla_impl._vmap_n(
+    j_chunks = jax.jit(lambda b, r, d, e, dn, bw: xla_impl.grads_to_rows(xla_impl._vmap_n(
         cm.chunk_backward, 3, in_axes=(0,) * 10 + (None,))(
-        b.q, b.k, b.v, b.beta, r.states, r.new_values, d, e, dn, bw, scale))
+        b.q, b.k, b.v, b.beta, r.states, r.new_values, d, e, dn, bw, scale), padded.group))
     return {"block: backward terms": (j_terms, (blk, res0, do0)),
             "block: cotangent pass": (j_pass, (ds1, blk.k, bwd)),
             "block: chunk_backward": (j_chunks, (blk, res0, do0, ds_ends, d_new, bwd))}

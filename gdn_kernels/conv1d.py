@@ -1,8 +1,16 @@
 """Causal depthwise Conv1D + SiLU: forward and the decoupled backward.
 
-The backward is a plain-JAX shift-multiply, independent of the recurrence
-kernels ("decoupled"): it runs after the delta-rule backward, from the
-pre-activation recomputed from x.
+The conv runs over the EXTENDED input ext [B, K-1+T, C]: the K-1 inputs
+before the row (carried history, or zeros), then the row's T inputs. Row
+token t reads ext[t .. t+K-1].
+
+The backward is a plain-JAX multiply-add over taps, independent of the
+recurrence kernels ("decoupled"): it runs after the delta-rule backward,
+from the pre-activation recomputed from x. Each tap's cotangent is PADDED
+into the extended positions, never read through a slice of ext: XLA:CPU
+emits a sum over (batch, time) of a product with a time-sliced 3-D operand
+as a scalar loop, 4.5x slower than the same sum over a padded operand
+(measured at [2, 4096, 1024] float32: 75 ms against 17 ms for K = 4).
 """
 
 from __future__ import annotations
@@ -11,37 +19,36 @@ import jax
 import jax.numpy as jnp
 
 
-def shift(x, s: int):
-    """x[:, t - s] along axis 1 (time), zero where t - s is outside [0, T).
-    s > 0 delays (reads the past), s < 0 advances (reads the future).
-    x [B, T, C]."""
-    t = x.shape[1]
-    if s == 0:
-        return x
-    if abs(s) >= t:
-        return jnp.zeros_like(x)
-    pad = jnp.zeros(x.shape[:1] + (abs(s),) + x.shape[2:], x.dtype)
-    if s > 0:
-        return jnp.concatenate([pad, x[:, : t - s]], axis=1)
-    return jnp.concatenate([x[:, -s:], pad], axis=1)
-
-
 def _tap(x, valid, j):
     """x where tap j is valid (valid [K, B, T] bool or None: all valid)."""
     return x if valid is None else jnp.where(valid[j][..., None], x, 0.0)
 
 
-def conv1d_preactivation(x, weight, valid=None):
-    """pre[b,t,c] = sum_j weight[j,c] * x[b, t-(K-1)+j, c].
+def _row_valid(valid, width: int):
+    """valid [K, B, K-1+T] (extended positions) -> [K, B, T] (row tokens)."""
+    return None if valid is None else valid[:, :, width - 1:]
 
-    x [B, T, C], weight [K, C], both already in the accumulation dtype;
-    valid [K, B, T] bool or None: tap j at t reads only where valid[j, b, t]
+
+def _placed(x, j: int, width: int):
+    """x [B, T, C] at extended positions j .. j+T-1 of [B, K-1+T, C], zeros
+    elsewhere (row token t's tap j reads extended position t + j)."""
+    return jnp.pad(x, ((0, 0), (j, width - 1 - j), (0, 0)))
+
+
+def conv1d_preactivation(ext, weight, valid=None):
+    """pre[b,t,c] = sum_j weight[j,c] * ext[b, t+j, c].
+
+    ext [B, K-1+T, C] (history, then the row), weight [K, C], both already
+    in the accumulation dtype; valid [K, B, K-1+T] bool or None: tap j of
+    the token at extended position p reads only where valid[j, b, p]
     (packed documents, segments.ConvWindows). Returns [B, T, C].
     """
     width = weight.shape[0]
-    pre = jnp.zeros_like(x)
+    t = ext.shape[1] - (width - 1)
+    valid = _row_valid(valid, width)
+    pre = jnp.zeros(ext.shape[:1] + (t,) + ext.shape[2:], ext.dtype)
     for j in range(width):
-        pre = pre + weight[j] * _tap(shift(x, width - 1 - j), valid, j)
+        pre = pre + weight[j] * _tap(ext[:, j:j + t], valid, j)
     return pre
 
 
@@ -52,24 +59,25 @@ def silu_grad(z):
 
 
 def conv1d_silu_forward(x, weight):
-    """y = silu(conv1d(x)). x [B, T, C], weight [K, C] -> (y, pre) [B, T, C]."""
-    pre = conv1d_preactivation(x, weight)
+    """y = silu(conv1d(x)) with a zero history. x [B, T, C], weight [K, C]
+    -> (y, pre) [B, T, C]."""
+    pre = conv1d_preactivation(_placed(x, weight.shape[0] - 1, weight.shape[0]), weight)
     return jax.nn.silu(pre), pre
 
 
-def conv1d_backward(x, weight, dpre, valid=None):
-    """Cotangents of x [B, T, C] and weight [K, C] given dpre [B, T, C]
+def conv1d_backward(ext, weight, dpre, valid=None):
+    """Cotangents of ext [B, K-1+T, C] and weight [K, C] given dpre [B, T, C]
     (valid as in conv1d_preactivation).
 
-    dx[b,s,c] = sum_j weight[j,c] * (valid_j dpre)[b, s+(K-1)-j, c]
-    dw[j,c]   = sum_{b,t} (valid_j dpre)[b,t,c] * x[b, t-(K-1)+j, c]
+    dext[b,p,c] = sum_j weight[j,c] * (valid_j dpre)[b, p-j, c]
+    dw[j,c]     = sum_{b,t} (valid_j dpre)[b,t,c] * ext[b, t+j, c]
     """
     width = weight.shape[0]
-    dx = jnp.zeros_like(dpre)
+    valid = _row_valid(valid, width)
+    dext = jnp.zeros_like(ext)
     dw = []
     for j in range(width):
-        s = width - 1 - j
-        dpre_j = _tap(dpre, valid, j)
-        dx = dx + weight[j] * shift(dpre_j, -s)
-        dw.append(jnp.sum(dpre_j * shift(x, s), axis=(0, 1)))
-    return dx, jnp.stack(dw, axis=0)
+        dpre_j = _placed(_tap(dpre, valid, j), j, width)
+        dext = dext + weight[j] * dpre_j
+        dw.append(jnp.sum(dpre_j * ext, axis=(0, 1)))
+    return dext, jnp.stack(dw, axis=0)

@@ -1,10 +1,11 @@
-"""Moving between the contract layout [B, T, H, D] and the blocked chunk
-layout [NB, S, B, H, C, D] (NB super-blocks of S chunks of C tokens, T padded
-with identity steps)."""
+"""Moving between the contract layout [B, T, H, D] and the chunk layout of
+one super-block, [S, B, H, C, D] (S chunks of C tokens; T padded with
+identity steps to NB super-blocks)."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 
 def num_chunks(t: int, chunk: int) -> int:
@@ -50,28 +51,33 @@ def blocks_of(t: int, chunk: int, per_block: int):
     return num_chunks(t, chunk * s), s
 
 
-def to_blocks(x, chunk: int, per_block: int, dtype):
-    """[B, T, H, D] -> [NB, S, B, H, C, D] in dtype (time padded to NB S C)."""
-    x = pad_time(x, chunk * per_block).astype(dtype)
-    b, tp, h, d = x.shape
-    x = x.reshape(b, tp // (chunk * per_block), per_block, chunk, h, d)
-    return x.transpose(1, 2, 0, 4, 3, 5)
+def block_at(x, i, chunk: int, per_block: int, dtype, group: int = 1):
+    """Super-block i of x [B, Tp, H, D] (Tp a multiple of C S) in the chunk
+    layout [S, B, H*G, C, D], in dtype, heads repeated G = group times
+    (repeat_heads). Sliced and transposed one block at a time, so the copy
+    stays in cache."""
+    span = chunk * per_block
+    piece = repeat_heads(lax.dynamic_slice_in_dim(x, i * span, span, axis=1), group)
+    b, _, h, d = piece.shape
+    return piece.astype(dtype).reshape(b, per_block, chunk, h, d).transpose(1, 0, 3, 2, 4)
 
 
-def scalars_to_blocks(x, chunk: int, per_block: int, dtype):
-    """[B, T, H] -> [NB, S, B, H, C, 1] (per-token scalars as columns)."""
-    return to_blocks(x[..., None], chunk, per_block, dtype)
+def scalars_block_at(x, i, chunk: int, per_block: int, dtype):
+    """Per-token scalars [B, Tp, H] -> super-block i as columns [S, B, H, C, 1]."""
+    return block_at(x[..., None], i, chunk, per_block, dtype)
 
 
-def from_blocks(x, t: int):
-    """[NB, S, B, H, C, D] -> [B, T, H, D] (padding dropped)."""
-    nb, s, b, h, c, d = x.shape
-    return x.transpose(2, 0, 1, 4, 3, 5).reshape(b, nb * s * c, h, d)[:, :t]
+def block_to_rows(x):
+    """One super-block [S, B, H, C, D] -> its tokens [B, S C, H, D]."""
+    s, b, h, c, d = x.shape
+    return x.transpose(1, 0, 3, 2, 4).reshape(b, s * c, h, d)
 
 
-def scalars_from_blocks(x, t: int):
-    """[NB, S, B, H, C, 1] -> [B, T, H]."""
-    return from_blocks(x, t)[..., 0]
+def from_block_rows(x, t: int):
+    """The super-blocks' tokens stacked by a scan, [NB, B, S C, H, D] ->
+    [B, T, H, D] (padding dropped)."""
+    nb, b, span, h, d = x.shape
+    return jnp.moveaxis(x, 0, 1).reshape(b, nb * span, h, d)[:, :t]
 
 
 def repeat_heads(x, group: int):

@@ -88,7 +88,7 @@ def _valid(win):
 def _conv_forward(ext, weight, seg, win):
     """(silu(pre), pre) [B, T, C] from the extended input; packed: each tap
     reads only its own document (padding rows are 0)."""
-    pre = conv1d.conv1d_preactivation(ext, weight, _valid(win))[:, weight.shape[0] - 1:]
+    pre = conv1d.conv1d_preactivation(ext, weight, _valid(win))
     if seg is not None:
         pre = segments.from_compact(pre, win, seg.pad)
     return jax.nn.silu(pre), pre
@@ -124,7 +124,6 @@ def _conv_backward(ext, weight, pre, dy, dconv, seg, win):
     dpre = dy * conv1d.silu_grad(pre)
     if seg is not None:
         dpre = segments.to_compact(dpre, win, seg.pad)
-    dpre = jnp.concatenate([jnp.zeros_like(ext[:, :history]), dpre], axis=1)
     dext, dw = conv1d.conv1d_backward(ext, weight, dpre, _valid(win))
     dext = _add_conv_state_cotangent(dext, dconv, seg, win)
     dx = dext[:, history:]

@@ -11,17 +11,25 @@ are [S, B, H, C, C]-sized, so they stay in cache whatever T is (vmapping
 over all chunks at once made them grow with T and leave the cache: time per
 token rose with T).
 
-Residuals saved by the forward: the inputs in the blocked layout and, per
-chunk, the inverse, the WY factors u and w, the attention P, the state
-entering it and the values E it wrote. The backward recomputes only the
-decay factors (elementwise); everything with a matmul behind it is read.
+The inputs stay in the contract layout [B, T, H, D]: each scan step slices
+its super-block and transposes it to the chunk layout [S, B, H, C, D] (and
+back for what it writes), so the layout change is one small in-cache copy
+per block, not a pass over every input and output in memory.
+
+Residuals saved by the forward, per chunk: the inverse, the WY factors u
+and w, the attention P, the state entering it and the values E it wrote.
+The backward reads the inputs again (custom_vjp keeps them) and recomputes
+only the decay factors (elementwise); everything with a matmul behind it is
+read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from . import chunk_math as cm
@@ -45,17 +53,10 @@ class ChunkResiduals(NamedTuple):
     states: jax.Array
 
 
-class Residuals(NamedTuple):
-    """blocks: the inputs in the blocked layout (Blocks); chunks:
-    ChunkResiduals."""
-    blocks: "Blocks"
-    chunks: ChunkResiduals
-
-
 class Blocks(NamedTuple):
-    """Inputs in the blocked layout [NB, S, B, Hv, C, *] (q, k repeated to
-    the value heads), seg: chunk_math.ChunkSegments of the same layout or
-    None."""
+    """One super-block's inputs in the chunk layout [S, B, Hv, C, *] (q, k
+    repeated to the value heads), seg: chunk_math.ChunkSegments of the same
+    layout or None."""
     q: jax.Array
     k: jax.Array
     v: jax.Array
@@ -70,24 +71,59 @@ def _vmap_n(fn, depth: int, in_axes=0):
     return fn
 
 
-def to_blocks(q, k, v, g, beta, seg, chunk, acc) -> Blocks:
-    """Contract layout -> blocked layout, key heads repeated to value heads;
-    seg: segments.Segments of packed documents, or None."""
-    group = v.shape[2] // q.shape[2]
+@dataclasses.dataclass(frozen=True)
+class Padded:
+    """Inputs in the contract layout, time zero-padded to NB S C tokens and
+    in their own dtypes: q, k [B, Tp, Hk, Dk], v [B, Tp, Hv, Dv], g, beta
+    [B, Tp, Hv]; doc, start [B, Tp, Hv] (layout.segment_scalars) or None.
+    chunk, per_block (S), group (G = Hv / Hk) and acc (the accumulation
+    dtype) are static."""
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    g: jax.Array
+    beta: jax.Array
+    doc: jax.Array | None
+    start: jax.Array | None
+    chunk: int
+    per_block: int
+    group: int
+    acc: object
+
+    @property
+    def num_blocks(self) -> int:
+        return self.v.shape[1] // (self.chunk * self.per_block)
+
+
+def pad_inputs(q, k, v, g, beta, seg, chunk) -> Padded:
+    """Padded inputs for the scans over super-blocks; seg:
+    segments.Segments of packed documents, or None."""
+    acc = cm.accumulation_dtype(v.dtype)
     _, per_block = layout.blocks_of(q.shape[1], chunk, SUPER_BLOCK)
-
-    def tokens(x):
-        return layout.to_blocks(x, chunk, per_block, acc)
-
-    def scalars(x):
-        return layout.scalars_to_blocks(x, chunk, per_block, acc)
-
-    segb = None
+    span = chunk * per_block
+    doc = start = None
     if seg is not None:
-        doc, start = layout.segment_scalars(seg, v.shape[2], chunk * per_block, acc)
-        segb = cm.ChunkSegments(doc=scalars(doc), start=scalars(start))
-    return Blocks(tokens(layout.repeat_heads(q, group)), tokens(layout.repeat_heads(k, group)),
-                  tokens(v), scalars(g), scalars(beta), segb)
+        doc, start = layout.segment_scalars(seg, v.shape[2], span, acc)
+    q, k, v, g, beta = (layout.pad_time(x, span) for x in (q, k, v, g, beta))
+    return Padded(q, k, v, g, beta, doc, start, chunk, per_block, v.shape[2] // q.shape[2], acc)
+
+
+def block_at(x: Padded, i) -> Blocks:
+    """Super-block i (a traced int32) of the padded inputs, in the chunk layout."""
+    shape = (x.chunk, x.per_block, x.acc)
+
+    def scalars(y):
+        return layout.scalars_block_at(y, i, *shape)
+
+    seg = None
+    if x.doc is not None:
+        seg = cm.ChunkSegments(doc=scalars(x.doc), start=scalars(x.start))
+    return Blocks(layout.block_at(x.q, i, *shape, x.group), layout.block_at(x.k, i, *shape, x.group),
+                  layout.block_at(x.v, i, *shape), scalars(x.g), scalars(x.beta), seg)
+
+
+def _block_indices(x: Padded):
+    return jnp.arange(x.num_blocks, dtype=jnp.int32)
 
 
 def _slim(intra: cm.ChunkIntra) -> cm.ChunkIntra:
@@ -130,12 +166,16 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
     s0 [B, Hv, Dk, Dv]; seg: segments.Segments or None (padding already
     zeroed by the caller). Returns (o [B, T, Hv, Dv] accumulation dtype,
-    final state [B, Hv, Dk, Dv], Residuals)."""
-    acc = cm.accumulation_dtype(v.dtype)
-    blocks = to_blocks(q, k, v, g, beta, seg, chunk, acc)
-    s0 = varying_like(s0.astype(acc), blocks)   # under shard_map: varies like the chunks
-    s_final, (o, chunks) = lax.scan(lambda s, blk: block_forward(s, blk, scale), s0, blocks)
-    return layout.from_blocks(o, q.shape[1]), s_final, Residuals(blocks, chunks)
+    final state [B, Hv, Dk, Dv], ChunkResiduals [NB, S, B, Hv, ...])."""
+    x = pad_inputs(q, k, v, g, beta, seg, chunk)
+    s0 = varying_like(s0.astype(x.acc), q, k, v, g, beta)   # under shard_map: varies like them
+
+    def step(s, i):
+        s_end, (o, res) = block_forward(s, block_at(x, i), scale)
+        return s_end, (layout.block_to_rows(o), res)
+
+    s_final, (o, chunks) = lax.scan(step, s0, _block_indices(x))
+    return layout.from_block_rows(o, q.shape[1]), s_final, chunks
 
 
 # --------------------------------------------------------------------------
@@ -162,10 +202,9 @@ def _backward_terms(q, g, seg, res: ChunkResiduals, do, scale) -> cm.ChunkBackwa
     return cm.chunk_backward_terms(q, intra, res.p, do, scale)
 
 
-def block_backward(ds1, xs, scale):
-    """One step of the backward scan over (Blocks, ChunkResiduals, do
-    [S, B, Hv, C, Dv]): (dS entering the block, ChunkGrads of its S chunks)."""
-    blk, res, do = xs
+def block_backward(ds1, blk: Blocks, res: ChunkResiduals, do, scale):
+    """One step of the backward scan, do [S, B, Hv, C, Dv]: (dS entering the
+    block, ChunkGrads of its S chunks)."""
     bwd = _vmap_n(_backward_terms, 3, in_axes=(0,) * 5 + (None,))(
         blk.q, blk.g, blk.seg, res, do, scale)
     ds0, ds_ends, d_new = cotangent_pass(ds1, blk.k, bwd)
@@ -175,28 +214,33 @@ def block_backward(ds1, xs, scale):
     return ds0, grads
 
 
-def grads_to_contract(grads, t, group):
-    """(dq, dk, dv, dg, dbeta) in the contract layout; dq, dk summed over
-    each key head's value heads."""
-    dq = layout.sum_head_groups(layout.from_blocks(grads.dq, t), group)
-    dk = layout.sum_head_groups(layout.from_blocks(grads.dk, t), group)
-    dv = layout.from_blocks(grads.dv, t)
-    dg = layout.scalars_from_blocks(grads.dg, t)
-    dbeta = layout.scalars_from_blocks(grads.dbeta, t)
-    return dq, dk, dv, dg, dbeta
+def grads_to_rows(grads: cm.ChunkGrads, group: int) -> cm.ChunkGrads:
+    """One block's ChunkGrads [S, B, Hv, C, *] -> its tokens [B, S C, H, D]
+    (dg, dbeta [B, S C, Hv, 1]); dq, dk summed over each key head's value
+    heads."""
+    dq = layout.sum_head_groups(layout.block_to_rows(grads.dq), group)
+    dk = layout.sum_head_groups(layout.block_to_rows(grads.dk), group)
+    return cm.ChunkGrads(dq, dk, *(layout.block_to_rows(d) for d in grads[2:]))
 
 
-def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=None):
+def backward(q, k, v, g, beta, res: ChunkResiduals, do, ds_final, scale, chunk, seg=None):
     """Cotangents (dq, dk, dv, dg, dbeta, ds0) in the accumulation dtype,
     from the residuals of `forward`; dq, dk summed over each key head's
-    value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]; seg as in
-    `forward` (padding cotangents are zeroed by the caller). The inputs are
-    read from the residuals' blocks; q, k, v, g, beta give the shapes."""
-    acc = cm.accumulation_dtype(v.dtype)
-    _, per_block = layout.blocks_of(q.shape[1], chunk, SUPER_BLOCK)
-    do = layout.to_blocks(do, chunk, per_block, acc)
-    ds_final = varying_like(ds_final.astype(acc), res, do)
-    ds_initial, grads = lax.scan(lambda ds, xs: block_backward(ds, xs, scale), ds_final,
-                                 (res.blocks, res.chunks, do), reverse=True)
-    dq, dk, dv, dg, dbeta = grads_to_contract(grads, q.shape[1], v.shape[2] // q.shape[2])
+    value heads. q, k, v, g, beta, seg as given to `forward`; do [B, T, Hv,
+    Dv], ds_final [B, Hv, Dk, Dv] (padding cotangents are zeroed by the
+    caller)."""
+    x = pad_inputs(q, k, v, g, beta, seg, chunk)
+    do = layout.pad_time(do, chunk * x.per_block)
+    ds_final = varying_like(ds_final.astype(x.acc), res, do)
+
+    def step(ds, xs):
+        i, res_i = xs
+        do_i = layout.block_at(do, i, x.chunk, x.per_block, x.acc)
+        ds0, grads = block_backward(ds, block_at(x, i), res_i, do_i, scale)
+        return ds0, grads_to_rows(grads, x.group)
+
+    ds_initial, grads = lax.scan(step, ds_final, (_block_indices(x), res), reverse=True)
+    t = q.shape[1]
+    dq, dk, dv = (layout.from_block_rows(d, t) for d in grads[:3])
+    dg, dbeta = (layout.from_block_rows(d, t)[..., 0] for d in grads[3:])
     return dq, dk, dv, dg, dbeta, ds_initial
