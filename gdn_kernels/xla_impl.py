@@ -94,6 +94,16 @@ class Padded:
     def num_blocks(self) -> int:
         return self.v.shape[1] // (self.chunk * self.per_block)
 
+    def zeros_like_rows(self, y, width: int):
+        """Zeros [B, Tp, H, width] in the accumulation dtype, H = y.shape[2]:
+        a buffer the scans write one super-block of rows at a time."""
+        return jnp.zeros(self.v.shape[:2] + (y.shape[2], width), self.acc)
+
+    def write_rows(self, buf, rows, i):
+        """buf [B, Tp, H, D] with super-block i's rows [B, S C, H, D] written
+        in place (a scan carry updated in place, no stacked copy)."""
+        return lax.dynamic_update_slice_in_dim(buf, rows, i * self.chunk * self.per_block, axis=1)
+
 
 def pad_inputs(q, k, v, g, beta, seg, chunk) -> Padded:
     """Padded inputs for the scans over super-blocks; seg:
@@ -170,12 +180,14 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
     x = pad_inputs(q, k, v, g, beta, seg, chunk)
     s0 = varying_like(s0.astype(x.acc), q, k, v, g, beta)   # under shard_map: varies like them
 
-    def step(s, i):
-        s_end, (o, res) = block_forward(s, block_at(x, i), scale)
-        return s_end, (layout.block_to_rows(o), res)
+    def step(carry, i):
+        s, o = carry
+        s_end, (o_block, res) = block_forward(s, block_at(x, i), scale)
+        return (s_end, x.write_rows(o, layout.block_to_rows(o_block), i)), res
 
-    s_final, (o, chunks) = lax.scan(step, s0, _block_indices(x))
-    return layout.from_block_rows(o, q.shape[1]), s_final, chunks
+    o = x.zeros_like_rows(v, v.shape[3])
+    (s_final, o), chunks = lax.scan(step, (s0, o), _block_indices(x))
+    return o[:, :q.shape[1]], s_final, chunks
 
 
 # --------------------------------------------------------------------------
@@ -233,14 +245,19 @@ def backward(q, k, v, g, beta, res: ChunkResiduals, do, ds_final, scale, chunk, 
     do = layout.pad_time(do, chunk * x.per_block)
     ds_final = varying_like(ds_final.astype(x.acc), res, do)
 
-    def step(ds, xs):
+    def step(carry, xs):
+        ds, grads = carry
         i, res_i = xs
         do_i = layout.block_at(do, i, x.chunk, x.per_block, x.acc)
-        ds0, grads = block_backward(ds, block_at(x, i), res_i, do_i, scale)
-        return ds0, grads_to_rows(grads, x.group)
+        ds0, block_grads = block_backward(ds, block_at(x, i), res_i, do_i, scale)
+        rows = grads_to_rows(block_grads, x.group)
+        return (ds0, cm.ChunkGrads(*(x.write_rows(d, r, i) for d, r in zip(grads, rows)))), None
 
-    ds_initial, grads = lax.scan(step, ds_final, (_block_indices(x), res), reverse=True)
+    grads = cm.ChunkGrads(*(x.zeros_like_rows(y, y.shape[3]) for y in (q, k, v)),
+                          x.zeros_like_rows(g, 1), x.zeros_like_rows(beta, 1))
+    (ds_initial, grads), _ = lax.scan(step, (ds_final, grads), (_block_indices(x), res),
+                                      reverse=True)
     t = q.shape[1]
-    dq, dk, dv = (layout.from_block_rows(d, t) for d in grads[:3])
-    dg, dbeta = (layout.from_block_rows(d, t)[..., 0] for d in grads[3:])
+    dq, dk, dv = (d[:, :t] for d in grads[:3])
+    dg, dbeta = (d[:, :t, :, 0] for d in grads[3:])
     return dq, dk, dv, dg, dbeta, ds_initial
