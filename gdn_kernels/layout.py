@@ -73,13 +73,6 @@ def block_to_rows(x):
     return x.transpose(1, 0, 3, 2, 4).reshape(b, s * c, h, d)
 
 
-def from_block_rows(x, t: int):
-    """The super-blocks' tokens stacked by a scan, [NB, B, S C, H, D] ->
-    [B, T, H, D] (padding dropped)."""
-    nb, b, span, h, d = x.shape
-    return jnp.moveaxis(x, 0, 1).reshape(b, nb * span, h, d)[:, :t]
-
-
 def repeat_heads(x, group: int):
     """Key heads -> value heads: [B, T, Hk, D] -> [B, T, Hk*G, D]
     (value head h reads key head h // G)."""
