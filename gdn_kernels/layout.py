@@ -15,7 +15,7 @@ def num_chunks(t: int, chunk: int) -> int:
 
 def pad_time(x, chunk: int):
     """Zero-pad axis 1 (time) of x [B, T, ...] up to a multiple of chunk
-    (of chunk * S for the blocked layout).
+    (of chunk * S for the scans over super-blocks).
 
     Zero k, beta and g make the padded steps identities of the recurrence
     (S' = exp(0) S, no write), so the final state is unaffected."""
