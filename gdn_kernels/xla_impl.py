@@ -96,10 +96,12 @@ class Padded:
     def num_blocks(self) -> int:
         return self.v.shape[1] // (self.chunk * self.per_block)
 
-    def zeros_like_rows(self, y, width: int):
+    def zeros_like_rows(self, y, width: int, *refs):
         """Zeros [B, Tp, H, width] in the accumulation dtype, H = y.shape[2]:
-        a buffer the scans write one super-block of rows at a time."""
-        return jnp.zeros(self.v.shape[:2] + (y.shape[2], width), self.acc)
+        a buffer the scans write one super-block of rows at a time (a scan
+        carry: under shard_map it varies like the inputs and refs)."""
+        zeros = jnp.zeros(self.v.shape[:2] + (y.shape[2], width), self.acc)
+        return varying_like(zeros, self.q, self.k, self.v, self.g, self.beta, *refs)
 
     def write_rows(self, buf, rows, i):
         """buf [B, Tp, H, D] with super-block i's rows [B, S C, H, D] written
@@ -187,7 +189,7 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
         s_end, (o_block, res) = block_forward(s, block_at(x, i), scale)
         return (s_end, x.write_rows(o, layout.block_to_rows(o_block), i)), res
 
-    o = x.zeros_like_rows(v, v.shape[3])
+    o = x.zeros_like_rows(v, v.shape[3], s0)
     (s_final, o), chunks = lax.scan(step, (s0, o), _block_indices(x))
     return o[:, :q.shape[1]], s_final, chunks
 
@@ -255,8 +257,9 @@ def backward(q, k, v, g, beta, res: ChunkResiduals, do, ds_final, scale, chunk, 
         rows = grads_to_rows(block_grads, x.group)
         return (ds0, cm.ChunkGrads(*(x.write_rows(d, r, i) for d, r in zip(grads, rows)))), None
 
-    grads = cm.ChunkGrads(*(x.zeros_like_rows(y, y.shape[3]) for y in (q, k, v)),
-                          x.zeros_like_rows(g, 1), x.zeros_like_rows(beta, 1))
+    refs = (res, do, ds_final)
+    grads = cm.ChunkGrads(*(x.zeros_like_rows(y, y.shape[3], *refs) for y in (q, k, v)),
+                          x.zeros_like_rows(g, 1, *refs), x.zeros_like_rows(beta, 1, *refs))
     (ds_initial, grads), _ = lax.scan(step, (ds_final, grads), (_block_indices(x), res),
                                       reverse=True)
     t = q.shape[1]
