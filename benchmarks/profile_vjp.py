@@ -9,7 +9,7 @@ Prints, for gated_delta_rule at one size (default the acceptance size):
      xla fwd, xla fwd+bwd, xla-autodiff fwd+bwd;
   2. interleaved, settled medians of xla vs xla-autodiff fwd+bwd;
   3. xla_impl.forward by stage, each jitted alone (ms and us/token): one
-     super-block's slice to the chunk layout (block_at), its chunk_intra
+     super-block's slice to the chunk layout (block_inputs), its chunk_intra
      (decay, inverse, WY factors), state pass (inner scan) and outputs;
      a block stage's share of the whole is its time times the block count
   4. xla_impl.backward by stage on one super-block: the backward terms
@@ -76,7 +76,7 @@ def forward_stages(q, k, v, g, beta, s0, scale, chunk):
     block count (xla_impl.SUPER_BLOCK chunks a block) is their share."""
     padded = xla_impl.pad_inputs(q, k, v, g, beta, None, chunk)
     zero = jnp.int32(0)
-    j_layout = jax.jit(lambda i: xla_impl.block_at(padded, i))
+    j_layout = jax.jit(lambda i: xla_impl.block_inputs(padded, i))
     blk = jax.block_until_ready(j_layout(zero))
     j_intra = jax.jit(lambda b: xla_impl._vmap_n(cm.chunk_intra, 3)(b.k, b.v, b.g, b.beta,
                                                                     b.seg))
@@ -89,7 +89,7 @@ def forward_stages(q, k, v, g, beta, s0, scale, chunk):
             b.q, st, e, p, dec, scale)
         return layout.block_to_rows(o)
     j_out = jax.jit(outputs)
-    return {"block: slice (block_at)": (j_layout, (zero,)),
+    return {"block: slice (block_inputs)": (j_layout, (zero,)),
             "block: chunk_intra": (j_intra, (blk,)),
             "block: state pass": (j_state, (s0, blk.k, intra)),
             "block: outputs": (j_out, (blk, states, new_values, intra.dec))}
@@ -101,7 +101,7 @@ def backward_stages(q, k, v, g, beta, res, do, ds_final, scale, chunk):
     padded = xla_impl.pad_inputs(q, k, v, g, beta, None, chunk)
     last = jnp.int32(padded.num_blocks - 1)
     do = layout.pad_time(do, chunk * padded.per_block)
-    blk = jax.jit(lambda i: xla_impl.block_at(padded, i))(last)
+    blk = jax.jit(lambda i: xla_impl.block_inputs(padded, i))(last)
     do0 = jax.jit(lambda i: layout.block_at(do, i, chunk, padded.per_block, padded.acc))(last)
     res0 = jax.tree.map(lambda x: x[-1], res)
     j_terms = jax.jit(lambda b, r, d: xla_impl._vmap_n(

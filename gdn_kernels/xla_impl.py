@@ -122,7 +122,7 @@ def pad_inputs(q, k, v, g, beta, seg, chunk) -> Padded:
     return Padded(q, k, v, g, beta, doc, start, chunk, per_block, v.shape[2] // q.shape[2], acc)
 
 
-def block_at(x: Padded, i) -> Blocks:
+def block_inputs(x: Padded, i) -> Blocks:
     """Super-block i (a traced int32) of the padded inputs, in the chunk layout."""
     shape = (x.chunk, x.per_block, x.acc)
 
@@ -132,11 +132,13 @@ def block_at(x: Padded, i) -> Blocks:
     seg = None
     if x.doc is not None:
         seg = cm.ChunkSegments(doc=scalars(x.doc), start=scalars(x.start))
-    return Blocks(layout.block_at(x.q, i, *shape, x.group), layout.block_at(x.k, i, *shape, x.group),
+    return Blocks(layout.block_at(x.q, i, *shape, x.group),
+                  layout.block_at(x.k, i, *shape, x.group),
                   layout.block_at(x.v, i, *shape), scalars(x.g), scalars(x.beta), seg)
 
 
 def _block_indices(x: Padded):
+    """The scans' xs: super-block numbers 0 .. NB-1 (int32)."""
     return jnp.arange(x.num_blocks, dtype=jnp.int32)
 
 
@@ -186,7 +188,7 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
 
     def step(carry, i):
         s, o = carry
-        s_end, (o_block, res) = block_forward(s, block_at(x, i), scale)
+        s_end, (o_block, res) = block_forward(s, block_inputs(x, i), scale)
         return (s_end, x.write_rows(o, layout.block_to_rows(o_block), i)), res
 
     o = x.zeros_like_rows(v, v.shape[3], s0)
@@ -253,7 +255,7 @@ def backward(q, k, v, g, beta, res: ChunkResiduals, do, ds_final, scale, chunk, 
         ds, grads = carry
         i, res_i = xs
         do_i = layout.block_at(do, i, x.chunk, x.per_block, x.acc)
-        ds0, block_grads = block_backward(ds, block_at(x, i), res_i, do_i, scale)
+        ds0, block_grads = block_backward(ds, block_inputs(x, i), res_i, do_i, scale)
         rows = grads_to_rows(block_grads, x.group)
         return (ds0, cm.ChunkGrads(*(x.write_rows(d, r, i) for d, r in zip(grads, rows)))), None
 
