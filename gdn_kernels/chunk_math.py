@@ -449,9 +449,10 @@ def chunk_backward(q, k, v, beta, s0, new_values, do, ds1, d_new, bwd: ChunkBack
     rho = dec.tail * jnp.sum(k * e_ds1, axis=1, keepdims=True)
     dg_tail = _dot((row > col).astype(rho.dtype), rho)
 
-    # E = u - w S0 with u = Tinv (beta v), w = Tinv (beta exp(Gam) k)
+    # E = u - w S0 with u = Tinv (beta v), w = Tinv (beta exp(Gam) k):
+    # d(beta v) = Tinv^T dE, d(beta exp(Gam) k) = -Tinv^T dE S0^T
     drhs_u = _dot_tn(tinv, d_new)                             # [C, Dv]
-    drhs_w = -_dot_tn(tinv, _dot_nt(d_new, s0))               # [C, Dk]
+    drhs_w = -_dot_nt(drhs_u, s0)                             # [C, Dk]
     dv = beta * drhs_u
     dbeta = jnp.sum(v * drhs_u, axis=1, keepdims=True)
     k_drhs_w = dec.gam_exp * jnp.sum(k * drhs_w, axis=1, keepdims=True)
@@ -460,8 +461,8 @@ def chunk_backward(q, k, v, beta, s0, new_values, do, ds1, d_new, bwd: ChunkBack
     dgam = dgam + beta * k_drhs_w
 
     # Tinv = (I + A)^-1:  dA = -Tinv^T dTinv Tinv^T = -(drhs_u u^T + drhs_w w^T)
-    da = jnp.where(row > col,
-                   -(_dot_nt(drhs_u, intra.u) + _dot_nt(drhs_w, intra.w)), 0.0)
+    # = -drhs_u (u - w S0)^T = -drhs_u E^T (drhs_w = -drhs_u S0^T): one matmul
+    da = jnp.where(row > col, -_dot_nt(drhs_u, new_values), 0.0)
     # A = strict_lower(diag(beta) (K K^T) * D): with X = dA * D * K K^T,
     # dbeta gets rowsum(X) and the decay factors get dA * A = beta X.
     da_dec = da * dec.decay
