@@ -110,16 +110,21 @@ def _copy(stream: _Stream, c, slot, sems):
                                  stream.buf.at[slot], sems.at[slot])
 
 
-def _stream_chunks(streams, sems, n, n_chunks, chunk_of):
+def _stream_chunks(streams, sems, n, n_chunks, chunk_of, prefetch_when):
     """Make chunk chunk_of(n) resident and prefetch chunk_of(n + 1).
 
     n is the (sequential, innermost) grid index; slot n % 2 holds step n.
     One DMA semaphore per slot, shared by all streams: every copy into a slot
-    is waited for before the slot is read. The prefetch is unconditional (the
-    last step fetches its own chunk again into the idle slot, waited for
-    before the kernel ends): a prefetch under pl.when becomes, in interpret
-    mode, a conditional that copies every buffer in and out (measured: 45 ms
-    of a 530 ms backward at the acceptance size). Returns the slot."""
+    is waited for before the slot is read.
+
+    The prefetch is unconditional (the last step fetches its own chunk again
+    into the idle slot and waits for it before the kernel ends): under
+    pl.when it becomes, in interpret mode, a conditional that copies every
+    buffer in and out at every step (measured: 45 ms of a 530 ms backward at
+    B2-T4096-D128). prefetch_when=True keeps it under pl.when: under
+    jax.shard_map the interpreter's discharge of a DMA outside a conditional
+    slices the varying input with the grid's invariant indices, which JAX
+    rejects. Returns the slot."""
     # int32 throughout: under jax_enable_x64 a Python int becomes an int64
     # index, which Mosaic rejects for semaphore / memref slicing.
     zero = jnp.int32(0)
@@ -131,16 +136,24 @@ def _stream_chunks(streams, sems, n, n_chunks, chunk_of):
         for s in streams:
             _copy(s, chunk_of(zero), zero, sems).start()
 
-    ahead = chunk_of(jnp.minimum(n + 1, last))
-    for s in streams:
-        _copy(s, ahead, 1 - slot, sems).start()
+    if prefetch_when:
+        @pl.when(n < last)
+        def _prefetch():
+            for s in streams:
+                _copy(s, chunk_of(n + 1), 1 - slot, sems).start()
+    else:
+        ahead = chunk_of(jnp.minimum(n + 1, last))
+        for s in streams:
+            _copy(s, ahead, 1 - slot, sems).start()
+
     for s in streams:
         _copy(s, chunk_of(n), slot, sems).wait()
 
-    @pl.when(n == last)
-    def _drain():
-        for s in streams:
-            _copy(s, ahead, 1 - slot, sems).wait()
+    if not prefetch_when:
+        @pl.when(n == last)
+        def _drain():
+            for s in streams:
+                _copy(s, ahead, 1 - slot, sems).wait()
 
     return slot
 
@@ -260,11 +273,12 @@ def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, inputs):
     """pl.pallas_call over the grid (B, Hv, N) of inputs, every one left in HBM.
 
     out_shape: ((shape, dtype), ...); under jax.shard_map the outputs vary
-    over the manual mesh axes the inputs vary over (manual_axes)."""
+    over the manual mesh axes the inputs vary over (manual_axes), and the
+    kernel prefetches under pl.when (see _stream_chunks)."""
     inputs = align_varying(*inputs)
     mat = jax.typeof(inputs[0]).mat
     return pl.pallas_call(
-        kernel, out_shape=tuple(jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
+        functools.partial(kernel, prefetch_when=bool(mat.varying)), out_shape=tuple(jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
                                 for shape, dtype in out_shape),
         grid=(d.bsz, d.hv, d.n_chunks),
         in_specs=[_HBM] * len(inputs), out_specs=out_specs,
@@ -277,7 +291,7 @@ def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, inputs):
 # forward
 # --------------------------------------------------------------------------
 
-def _forward_kernel(*refs, scale, chunk, group):
+def _forward_kernel(*refs, scale, chunk, group, prefetch_when):
     """refs: the token inputs, s0; o, tinv, states, s_final; the token
     buffers, S scratch, DMA semaphores."""
     n = N_TOKEN_STREAMS
@@ -290,7 +304,7 @@ def _forward_kernel(*refs, scale, chunk, group):
         pltpu.sync_copy(s0_hbm.at[b, h], s_scr)
 
     streams = _token_streams(b, h, group, chunk, token_hbm, token_buf)
-    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c)
+    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c, prefetch_when)
     q, k, v, scalars = (s.buf[slot] for s in streams)
     g, beta, seg = _scalar_columns(scalars)
 
@@ -343,7 +357,7 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
 # backward
 # --------------------------------------------------------------------------
 
-def _backward_kernel(*refs, scale, chunk, group):
+def _backward_kernel(*refs, scale, chunk, group, prefetch_when):
     """refs: the token inputs, states, tinv, do, ds_final; dq, dk, dv, dg,
     dbeta, ds0; the token buffers, states/tinv/do buffers, dS scratch, DMA
     semaphores."""
@@ -363,7 +377,8 @@ def _backward_kernel(*refs, scale, chunk, group):
         _Stream(tinv_hbm, tinv_buf, _chunk_block(b, h)),
         _Stream(do_hbm, do_buf, _token_rows(b, h, chunk)),
     )
-    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c)
+    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c,
+                          prefetch_when)
     q, k, v, scalars, s0, tinv, do = (s.buf[slot] for s in streams)
     g, beta, seg = _scalar_columns(scalars)
 

@@ -186,8 +186,8 @@ _ALL += [
     Mutant("pallas_bwd_reads_chunks_forward",
            "Pallas backward streams chunks in forward order while walking them in reverse",
            "pallas_impl.py",
-           "    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c)",
-           "    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c)",
+           "    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c,",
+           "    slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c,",
            ("delta_rule_gradient_parity", "mixer_gradient_parity"), impls=("pallas",)),
 ]
 
