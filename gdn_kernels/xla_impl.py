@@ -38,8 +38,11 @@ from . import chunk_math as cm
 from . import layout
 from .manual_axes import varying_like
 
-# Chunks per step of the scans over chunks.
-SUPER_BLOCK = 8
+# Chunks per step of the scans over chunks. Measured fwd+bwd at B2-T4096-Hk2-Hv4-D128
+# (benchmarks/README.md): on a 2-core AVX-512 machine 4 / 8 / 16 gave 0.84 / 0.82 / 0.89 of
+# plain chunked JAX; on a 2-core AMD EPYC (512 KiB L2 a core) 2 / 4 / 8 took 657 / 677 / 731 ms
+# (21 interleaved runs; smaller blocks keep a step's [S, B, H, C, D] intermediates in cache).
+SUPER_BLOCK = 4
 
 
 class ChunkResiduals(NamedTuple):
