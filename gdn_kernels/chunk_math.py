@@ -13,7 +13,7 @@ Notation, for a chunk of C tokens entering with state S0 [Dk, Dv]:
   D_ij  = exp(Gam_i - Gam_j), i >= j   (0 above the diagonal; exponent masked
                                         BEFORE exp, so no inf * 0)
   A     = strict_lower(diag(beta) K K^T * D)
-  Tinv  = (I + A)^-1                   blocked forward substitution
+  Tinv  = (I + A)^-1                   blocked substitution (static steps, no loop)
   u     = Tinv (beta * v)              w = Tinv (beta * exp(Gam) * k)
   E     = u - w S0                     the "new values" written by the chunk
   o     = scale * ((q * exp(Gam)) S0 + lower(Q K^T * D) E)
