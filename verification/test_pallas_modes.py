@@ -10,6 +10,9 @@ shared runners, cases and tolerance policy (no harness of its own):
             properties hold on the explicit cases of <= 8 grid steps;
   twin      pallas vs its XLA twin within tolerance.DTYPES[...].twin, and two
             runs of each bitwise identical;
+  rows      grid steps over blocks of value rows: a case split into one
+            key head's rows a step equals the same case in one step (both
+            interpret modes; the simulator raises on an out-of-bounds row);
   lowering  GDN_INTERPRET=off: both ops and their gradients lower for TPU
             from this CPU machine, yielding the forward/backward Mosaic kernels.
 """
@@ -25,7 +28,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 import gdn_kernels as gk
-from gdn_kernels import interpret
+from gdn_kernels import interpret, pallas_impl
 from strategies import explicit
 from strategies.cases import replace
 
@@ -122,6 +125,56 @@ def test_two_runs_bitwise_identical(case, target, hlo_mode):
     second = _named(case, *runners.target_vjp(target, case))
     conclude("bitwise repeat", [compare_self(n, first[n], second[n], "float32", exact=True)
                                 for n in first])
+
+
+# --------------------------------------------------------------------------
+# grid steps over blocks of value rows
+# --------------------------------------------------------------------------
+
+ROWS_CASE = explicit.delta_case("gva2-2keys-d32x64", 2, 37, 16, seed=13)   # G 2, Hv 4
+
+
+def _backend_vjp(case):
+    """pallas_impl.forward then .backward on the case's inputs and random
+    cotangents, traced afresh (a new jit: the rows per step are read at
+    trace time). Returns name -> array."""
+    inputs = runners.case_inputs(case)
+    q, k, v, g, beta, s0 = (jnp.asarray(inputs[n]) for n in
+                            ("q", "k", "v", "g", "beta", "initial_state"))
+    rng = np.random.default_rng(case.seed)
+    do = jnp.asarray(rng.standard_normal(v.shape), jnp.float32)
+    ds_final = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
+    scale, chunk = case.dk ** -0.5, case.chunk
+
+    def run(q, k, v, g, beta, s0, do, ds_final):
+        o, s1, res = pallas_impl.forward(q, k, v, g, beta, s0, scale, chunk)
+        return (o, s1) + pallas_impl.backward(q, k, v, g, beta, res, do, ds_final, scale, chunk)
+
+    out = jax.jit(run)(q, k, v, g, beta, s0, do, ds_final)
+    names = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "ds0")
+    return dict(zip(names, (np.asarray(x) for x in out)))
+
+
+@pytest.mark.parametrize("mode", ["hlo", "tpu-sim"])
+def test_row_blocks_equal_one_block(mode, monkeypatch):
+    """With a state budget of one [Dk, Dv] state a step, every grid step
+    takes G value rows (one key head's) at its own offset in the row axis:
+    outputs and cotangents equal the one-step run to float32 rounding."""
+    case = ROWS_CASE
+    rows, itemsize = case.batch * case.v_heads, 4
+    one_block = _backend_vjp(case)
+    assert pallas_impl.rows_per_step(rows, case.group, case.dk, case.dv, itemsize) == rows
+    monkeypatch.setenv(interpret.ENV_VAR, mode)
+    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", case.dk * case.dv * itemsize)
+    assert pallas_impl.rows_per_step(rows, case.group, case.dk, case.dv, itemsize) == \
+        case.group < rows
+    try:
+        blocks = _backend_vjp(case)
+    except Exception:
+        pltpu.reset_tpu_interpret_mode_state()
+        raise
+    conclude("row blocks vs one block", [compare_self(n, blocks[n], one_block[n], "float32")
+                                         for n in one_block])
 
 
 # --------------------------------------------------------------------------
