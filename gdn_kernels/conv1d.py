@@ -11,12 +11,23 @@ into the extended positions, never read through a slice of ext: XLA:CPU
 emits a sum over (batch, time) of a product with a time-sliced 3-D operand
 as a scalar loop, 4.5x slower than the same sum over a padded operand
 (measured at [2, 4096, 1024] float32: 75 ms against 17 ms for K = 4).
+It walks the row in blocks of TIME_BLOCK tokens (a loop; the last, shorter
+block after it), so each tap's padded cotangent is a block-sized temporary
+that stays in cache instead of a fresh [B, K-1+T, C] buffer per tap
+(measured at [2, 4096, 1024], K = 4: 70 ms whole-row, 28-33 ms in blocks of
+64-256 tokens).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+
+from .manual_axes import varying_like
+
+# Tokens per block of the backward's walk over the row.
+TIME_BLOCK = 64
 
 
 def _tap(x, valid, j):
@@ -43,9 +54,13 @@ def conv1d_preactivation(ext, weight, valid=None):
     the token at extended position p reads only where valid[j, b, p]
     (packed documents, segments.ConvWindows). Returns [B, T, C].
     """
+    return _preactivation(ext, weight, _row_valid(valid, weight.shape[0]))
+
+
+def _preactivation(ext, weight, valid):
+    """conv1d_preactivation with valid [K, B, T] (row tokens) or None."""
     width = weight.shape[0]
     t = ext.shape[1] - (width - 1)
-    valid = _row_valid(valid, width)
     pre = jnp.zeros(ext.shape[:1] + (t,) + ext.shape[2:], ext.dtype)
     for j in range(width):
         pre = pre + weight[j] * _tap(ext[:, j:j + t], valid, j)
@@ -65,15 +80,12 @@ def conv1d_silu_forward(x, weight):
     return jax.nn.silu(pre), pre
 
 
-def conv1d_backward(ext, weight, dpre, valid=None):
-    """Cotangents of ext [B, K-1+T, C] and weight [K, C] given dpre [B, T, C]
-    (valid as in conv1d_preactivation).
-
-    dext[b,p,c] = sum_j weight[j,c] * (valid_j dpre)[b, p-j, c]
-    dw[j,c]     = sum_{b,t} (valid_j dpre)[b,t,c] * ext[b, t+j, c]
-    """
+def _block_backward(ext, weight, dy, valid):
+    """conv1d_silu_backward of one block of n tokens: ext [B, K-1+n, C] (the
+    block's extended window), dy [B, n, C], valid [K, B, n] or None.
+    Returns (the window's dext [B, K-1+n, C], dw [K, C])."""
     width = weight.shape[0]
-    valid = _row_valid(valid, width)
+    dpre = dy * silu_grad(_preactivation(ext, weight, valid))
     dext = jnp.zeros_like(ext)
     dw = []
     for j in range(width):
@@ -81,3 +93,35 @@ def conv1d_backward(ext, weight, dpre, valid=None):
         dext = dext + weight[j] * dpre_j
         dw.append(jnp.sum(dpre_j * ext, axis=(0, 1)))
     return dext, jnp.stack(dw, axis=0)
+
+
+def conv1d_silu_backward(ext, weight, dy, valid=None):
+    """Cotangents of ext [B, K-1+T, C] and weight [K, C] of
+    silu(conv1d_preactivation(ext, weight, valid)) given dy [B, T, C] (valid
+    as in conv1d_preactivation; packed rows: ext and dy in compact order).
+    With dpre = dy silu'(pre), pre recomputed from ext:
+
+    dext[b,p,c] = sum_j weight[j,c] * (valid_j dpre)[b, p-j, c]
+    dw[j,c]     = sum_{b,t} (valid_j dpre)[b,t,c] * ext[b, t+j, c]
+
+    Block by block (TIME_BLOCK tokens): the windows of neighbouring blocks
+    overlap by K-1 extended positions, whose dext both add to.
+    """
+    width = weight.shape[0]
+    valid = _row_valid(valid, width)
+    n_blocks, tail = divmod(dy.shape[1], TIME_BLOCK)
+
+    def add_block(carry, start, size):
+        dext, dw = carry
+        window = lambda x, n, axis: lax.dynamic_slice_in_dim(x, start, n, axis)
+        block_dext, block_dw = _block_backward(
+            window(ext, size + width - 1, 1), weight, window(dy, size, 1),
+            None if valid is None else window(valid, size, 2))
+        block_dext = block_dext + window(dext, size + width - 1, 1)
+        return lax.dynamic_update_slice_in_dim(dext, block_dext, start, 1), dw + block_dw
+
+    carry = tuple(varying_like(jnp.zeros_like(x), ext, weight, dy) for x in (ext, weight))
+    if n_blocks:
+        carry = lax.fori_loop(0, n_blocks,
+                              lambda i, c: add_block(c, i * TIME_BLOCK, TIME_BLOCK), carry)
+    return add_block(carry, n_blocks * TIME_BLOCK, tail) if tail else carry

@@ -117,14 +117,13 @@ def _add_conv_state_cotangent(dext, dconv, seg, win):
     return jax.vmap(lambda d, i, u: d.at[i].add(u))(dext, _tail_index(win, history), dconv)
 
 
-def _conv_backward(ext, weight, pre, dy, dconv, seg, win):
+def _conv_backward(ext, weight, dy, dconv, seg, win):
     """(dx [B, T, C], dhist [B, K-1, C], dw [K, C]) of _conv_forward and
-    conv_state, given dy [B, T, C] and dconv [B, K-1, C]."""
+    conv_state, given dy [B, T, C] (of silu(pre)) and dconv [B, K-1, C]."""
     history = weight.shape[0] - 1
-    dpre = dy * conv1d.silu_grad(pre)
     if seg is not None:
-        dpre = segments.to_compact(dpre, win, seg.pad)
-    dext, dw = conv1d.conv1d_backward(ext, weight, dpre, _valid(win))
+        dy = segments.to_compact(dy, win, seg.pad)
+    dext, dw = conv1d.conv1d_silu_backward(ext, weight, dy, _valid(win))
     dext = _add_conv_state_cotangent(dext, dconv, seg, win)
     dx = dext[:, history:]
     if seg is not None:
@@ -219,9 +218,8 @@ def _bwd(cfg, saved, cotangents):
     if cfg.use_qk_norm:
         dq = l2norm.l2norm_backward(pro.q_raw, dq, cfg.eps)
         dk = l2norm.l2norm_backward(pro.k_raw, dk, cfg.eps)
-    dx, dhist, dw = _conv_backward(ext, conv_weight.astype(acc), pro.pre,
-                                   merge_heads(dq, dk, dv), d_state.conv.astype(acc),
-                                   seg, win)
+    dx, dhist, dw = _conv_backward(ext, conv_weight.astype(acc), merge_heads(dq, dk, dv),
+                                   d_state.conv.astype(acc), seg, win)
     da, da_log, ddt_bias = gates.gate_backward(a.astype(acc), a_log.astype(acc),
                                                dt_bias.astype(acc), dg,
                                                None if seg is None else seg.pad)
