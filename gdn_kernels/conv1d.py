@@ -6,7 +6,7 @@ token t reads ext[t .. t+K-1].
 
 The backward is a plain-JAX multiply-add over taps, independent of the
 recurrence kernels ("decoupled"): it runs after the delta-rule backward,
-from the pre-activation recomputed from x. Each tap's cotangent is PADDED
+from the pre-activation recomputed from ext. Each tap's cotangent is PADDED
 into the extended positions, never read through a slice of ext: XLA:CPU
 emits a sum over (batch, time) of a product with a time-sliced 3-D operand
 as a scalar loop, 4.5x slower than the same sum over a padded operand

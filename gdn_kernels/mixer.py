@@ -3,7 +3,11 @@ chunked gated delta rule under ONE jax.custom_vjp.
 
 Backward order: delta-rule backward (backend kernel), L2-norm VJP with the
 same eps, gate VJP with the shape-preserving a_log/dt_bias reduction, beta
-VJP, then the decoupled Conv1D+SiLU backward (plain JAX shift-multiply)."""
+VJP, then the decoupled Conv1D+SiLU backward (plain JAX shift-multiply).
+The forward keeps the extended conv input and the prologue's outputs as
+residuals (the same compiled temp memory as recomputing them at
+B2-T4096-D128, and fresh buffers cost page faults on a CPU); only the
+pre-activation is recomputed, block by block inside the conv backward."""
 
 from __future__ import annotations
 
@@ -176,13 +180,16 @@ def prologue_of(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None
 
 
 def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state):
+    """((o, GDNState after the call), residuals): the extended conv input,
+    the Prologue without pre (the conv backward recomputes it block by
+    block) and the delta rule's residuals."""
     ext, win, s_in = _inputs(cfg, x, conv_weight, seg, state)
     pro = prologue(cfg, ext, conv_weight, a, b, a_log, dt_bias, seg, win)
     o, s_final, res = backend_for(cfg.impl, x.shape[1]).forward(
         pro.q, pro.k, pro.v, pro.g, pro.beta, s_in.recurrent, cfg.scale, cfg.chunk_size, seg)
     (o,) = zero_padding_all(seg, o.astype(x.dtype))
     conv = conv_state(ext, conv_weight.shape[0] - 1, seg, win).astype(x.dtype)
-    return (o, GDNState(conv, s_final)), res
+    return (o, GDNState(conv, s_final)), (ext, pro._replace(pre=None), res)
 
 
 def gdn_mixer(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None, state=None):
@@ -205,11 +212,10 @@ def _fwd(cfg, x, conv_weight, a, b, a_log, dt_bias, seg=None, state=None):
 
 
 def _bwd(cfg, saved, cotangents):
-    x, conv_weight, a, b, a_log, dt_bias, seg, state, res = saved
+    x, conv_weight, a, b, a_log, dt_bias, seg, state, (ext, pro, res) = saved
     do, d_state = cotangents
     acc = accumulation_dtype(x.dtype)
-    ext, win, s_in = _inputs(cfg, x, conv_weight, seg, state)
-    pro = prologue(cfg, ext, conv_weight, a, b, a_log, dt_bias, seg, win)
+    win = _conv_windows(seg, conv_weight)
     (do,) = zero_padding_all(seg, do.astype(acc))
     dq, dk, dv, dg, dbeta, ds0 = backend_for(cfg.impl, x.shape[1]).backward(
         pro.q, pro.k, pro.v, pro.g, pro.beta, res, do,
