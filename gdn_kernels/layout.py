@@ -73,15 +73,18 @@ def block_to_rows(x):
     return x.transpose(1, 0, 3, 2, 4).reshape(b, s * c, h, d)
 
 
-def repeat_heads(x, group: int):
-    """Key heads -> value heads: [B, T, Hk, D] -> [B, T, Hk*G, D]
-    (value head h reads key head h // G)."""
-    return x if group == 1 else jnp.repeat(x, group, axis=2)
+def repeat_heads(x, group: int, axis: int = 2):
+    """Key heads -> value heads along `axis`: [B, T, Hk, D] -> [B, T, Hk*G, D]
+    (value head h reads key head h // G); the Pallas kernels pass axis=0 for
+    a step's rows [P / G, C, D] -> [P, C, D] (value row r reads key row r // G)."""
+    return x if group == 1 else jnp.repeat(x, group, axis=axis)
 
 
-def sum_head_groups(dx, group: int):
-    """Value-head cotangent [B, T, Hk*G, D] -> key heads [B, T, Hk, D]."""
+def sum_head_groups(dx, group: int, axis: int = 2):
+    """Value-head cotangent -> key heads along `axis` (repeat_heads
+    transposed): [B, T, Hk*G, D] -> [B, T, Hk, D]."""
     if group == 1:
         return dx
-    b, t, hv, d = dx.shape
-    return dx.reshape(b, t, hv // group, group, d).sum(axis=3)
+    shape = dx.shape
+    grouped = shape[:axis] + (shape[axis] // group, group) + shape[axis + 1:]
+    return dx.reshape(grouped).sum(axis=axis + 1)

@@ -256,19 +256,6 @@ def _token_inputs(q, k, v, g, beta, chunk, acc, seg):
     return tuple(_to_rows(x, chunk, acc) for x in (q, k, v, scalars))
 
 
-def _repeat_key_rows(x, group):
-    """A step's key rows [P / G, C, D] -> one per value row [P, C, D]."""
-    rows, c, d = x.shape
-    return jnp.broadcast_to(x[:, None], (rows, group, c, d)).reshape(rows * group, c, d)
-
-
-def _sum_value_rows(dx, group):
-    """Cotangents of a step's value rows [P, C, D] -> their key rows
-    [P / G, C, D] (summed over each key row's G value rows)."""
-    rows, c, d = dx.shape
-    return dx.reshape(rows // group, group, c, d).sum(axis=1)
-
-
 def _scalar_columns(scalars):
     """g, beta [..., C, 1] and chunk_math.ChunkSegments (None when not
     packed) from streamed [..., C, S] blocks of scalars."""
@@ -356,7 +343,7 @@ def _forward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
     streams = _token_streams(j, d, chunk, token_hbm, token_buf)
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c, prefetch_when)
     q, k, v, scalars = (s.buf[slot] for s in streams)
-    q, k = _repeat_key_rows(q, d.group), _repeat_key_rows(k, d.group)
+    q, k = (layout.repeat_heads(x, d.group, axis=0) for x in (q, k))
     g, beta, seg = _scalar_columns(scalars)
 
     s0 = s_scr[...]
@@ -442,13 +429,13 @@ def _backward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c,
                           prefetch_when)
     q, k, v, scalars, s0, tinv, do = (s.buf[slot] for s in streams)
-    q, k = _repeat_key_rows(q, d.group), _repeat_key_rows(k, d.group)
+    q, k = (layout.repeat_heads(x, d.group, axis=0) for x in (q, k))
     g, beta, seg = _scalar_columns(scalars)
 
     grads, ds0 = jax.vmap(functools.partial(_chunk_backward, scale=scale))(
         q, k, v, g, beta, seg, s0, tinv, do, ds_scr[...])
-    dq_ref[...] = _sum_value_rows(grads.dq, d.group)
-    dk_ref[...] = _sum_value_rows(grads.dk, d.group)
+    dq_ref[...] = layout.sum_head_groups(grads.dq, d.group, axis=0)
+    dk_ref[...] = layout.sum_head_groups(grads.dk, d.group, axis=0)
     dv_ref[...] = grads.dv
     dg_ref[...] = grads.dg
     dbeta_ref[...] = grads.dbeta
