@@ -5,41 +5,45 @@ functions of `chunk_math`), but every chunk of a block of rows is one grid
 step of a `pl.pallas_call` and the recurrent states live in a VMEM scratch in
 the accumulation dtype (float32; float64 for float64 inputs).
 
-Kernel layout (built outside the kernels in the accumulation dtype, time
-padded to a chunk multiple with identity steps k = beta = g = 0, see
-layout.pad_time); a row is one (batch row, head), row b H + h:
-  q, k        [B Hk, Tp, Dk]   value row r reads key row r // G
-  v, do       [B Hv, Tp, Dv]
-  scalars     [B Hv, Tp, S]    the per-token scalars side by side: g, beta
+Kernel layout: the token arrays stay in the contract layout, heads side by
+side in the last dim (a free reshape of [B, T, H, D]), time padded to a chunk
+multiple with identity steps k = beta = g = 0 (see layout.pad_time):
+  q, k        [B, Tp, Hk Dk]
+  v, do, o    [B, Tp, Hv Dv]
+  scalars     [B, Hv, Tp, S]   the per-token scalars side by side: g, beta
                                (S = 2), then doc, start of packed documents
                                (S = 4, chunk_math.ChunkSegments); a chunk's
-                               block is [P, C, S], its columns the [C, 1]
-                               inputs of chunk_math (one DMA per chunk for all)
-  state       [B Hv, Dk, Dv]
-A grid step works on P value rows (rows_per_step: a multiple of G, so its
-key rows are whole, P / G of them) and one chunk; its per-chunk math is
-jax.vmap of the chunk_math functions over the P rows (batched matmuls), the
-key rows repeated to the value rows in VMEM. Every window, input or output,
-is (P, C, D), (P, C, S), (P, C, C) or (P, Dk, Dv): the last two dims are
-full array dims or C (a multiple of 8), as TPU blocks require.
+                               block [Bb, Hb, C, S] holds the [C, 1] inputs of
+                               chunk_math (one DMA per chunk for all)
+  state       [B, Hv, Dk, Dv]
+A grid step works on a block of Bb batch rows and Hb value heads (its P =
+Bb Hb value rows; Hb / G key heads), chosen by step_block: a token window is
+[Bb, C, Hb D], its lanes the heads' D-wide slices, moved to rows [P, C, D]
+(row b Hb + h) in VMEM by static lane slices (_heads_to_rows) and back for the
+outputs (_rows_to_heads), so no pass over memory changes the layout. The
+per-chunk math is jax.vmap of the chunk_math functions over the P rows
+(batched matmuls), the key rows repeated to the value rows in VMEM (value row
+r reads key row r // G). Every window's last two dims are (C, Hb D),
+(Hb, C, S)-style full dims, (C, C) or (Dk, Dv): C a multiple of 8, and a lane
+window is the whole H D or a multiple of 128 lanes, as TPU blocks require.
 
 Inputs stay in HBM (pl.ANY) and are streamed by double-buffered DMAs into
 two-slot VMEM buffers (see "chunk streams" below for why); outputs are
 ordinary BlockSpec blocks.
 
-Forward grid (B Hv / P, N), chunk axis last and sequential ("arbitrary"):
-  scratch S [P, Dk, Dv], S = s0 at n == 0; per chunk chunk_intra ->
-  chunk_state_step -> chunk_output. Writes o and, as residuals, the inverse of
-  every chunk [B Hv, N, C, C] and the state entering every chunk
-  [B Hv, N, Dk, Dv]; the final state is written at the last chunk.
+Forward grid (B / Bb, Hv / Hb, N), chunk axis last and sequential
+("arbitrary"): scratch S [P, Dk, Dv], S = s0 at n == 0; per chunk
+chunk_intra -> chunk_state_step -> chunk_output. Writes o and, as residuals,
+the inverse of every chunk [B, Hv, N, C, C] and the state entering every
+chunk [B, Hv, N, Dk, Dv]; the final state is written at the last chunk.
 
-Backward grid (B Hv / P, N) walking chunks in reverse (step n works on chunk
-N-1-n, output index_map n -> N-1-n): scratch dS [P, Dk, Dv] = ds_final at
-n == 0; per chunk chunk_backward_intra (from the cached inverse) ->
-chunk_state_cotangent_step (dE and dS0) -> chunk_backward (from the entering
-state; the forward recurrence is not redone); dS <- dS0, written out at the
-last step. dq, dk are summed over each key row's G value rows in the kernel
-and written per key row.
+Backward grid (B / Bb, Hv / Hb, N) walking chunks in reverse (step n works on
+chunk N-1-n, output index_map n -> N-1-n): scratch dS [P, Dk, Dv] =
+ds_final at n == 0; per chunk chunk_backward_intra (from the cached inverse)
+-> chunk_state_cotangent_step (dE and dS0) -> chunk_backward (from the
+entering state; the forward recurrence is not redone); dS <- dS0, written out
+at the last step. dq, dk are summed over each key head's G value heads in the
+kernel and written per key head.
 """
 
 from __future__ import annotations
@@ -60,30 +64,47 @@ from .manual_axes import align_varying
 
 
 class Residuals(NamedTuple):
-    """tinv [B Hv, N, C, C] inverse of every chunk, states [B Hv, N, Dk, Dv]
-    state entering every chunk (row b Hv + h); both in the accumulation dtype."""
+    """tinv [B, Hv, N, C, C] inverse of every chunk, states [B, Hv, N, Dk, Dv]
+    state entering every chunk; both in the accumulation dtype."""
     tinv: jnp.ndarray
     states: jnp.ndarray
 
 
 # --------------------------------------------------------------------------
-# layout helpers (outside the kernels)
+# layout helpers
 # --------------------------------------------------------------------------
 
-def _to_rows(x, chunk, dtype):
-    """[B, T, H, D] -> [B H, Tp, D] in dtype (row b H + h), time padded to a
-    chunk multiple."""
-    x = jnp.swapaxes(layout.pad_time(x.astype(dtype), chunk), 1, 2)
-    return x.reshape((-1,) + x.shape[2:])
+def _token_input(x, chunk, dtype):
+    """[B, T, H, D] -> [B, Tp, H D] in dtype, time padded to a chunk multiple
+    (a reshape: no copy unless padded or cast)."""
+    x = layout.pad_time(x.astype(dtype), chunk)
+    return x.reshape(x.shape[:2] + (-1,))
 
 
-def _from_rows(x, bsz, t):
-    """[B H, Tp, D] -> [B, T, H, D] (padding dropped)."""
-    return jnp.swapaxes(x.reshape((bsz, -1) + x.shape[1:]), 1, 2)[:, :t]
+def _token_output(x, t, heads):
+    """[B, Tp, H D] -> [B, T, H, D] (padding dropped)."""
+    return x.reshape(x.shape[:2] + (heads, -1))[:, :t]
+
+
+def _heads_to_rows(x, heads):
+    """In a kernel: a window [Bb, C, H D] -> rows [Bb H, C, D] (row b H + h),
+    by static lane slices of width D."""
+    bb, c, width = x.shape
+    d = width // heads
+    rows = jnp.stack([x[:, :, h * d:(h + 1) * d] for h in range(heads)], axis=1)
+    return rows.reshape(bb * heads, c, d)
+
+
+def _rows_to_heads(x, bb):
+    """In a kernel: rows [Bb H, C, D] -> a window [Bb, C, H D] (_heads_to_rows
+    inverted)."""
+    heads = x.shape[0] // bb
+    x = x.reshape((bb, heads) + x.shape[1:])
+    return jnp.concatenate([x[:, h] for h in range(heads)], axis=-1)
 
 
 def _compiler_params():
-    return pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"))
 
 
 # --------------------------------------------------------------------------
@@ -161,36 +182,52 @@ def _stream_chunks(streams, sems, n, n_chunks, chunk_of, prefetch_when):
     return slot
 
 
-def _token_rows(first, count, chunk):
-    """Indexer of chunk c of rows first .. first + count - 1 in a [R, Tp, D]
+def _token_window(batch, lanes, chunk):
+    """Indexer of chunk c of a window of a [B, Tp, H D] array: batch rows
+    batch = (first, count), lanes = (first, count)."""
+    return lambda c: (pl.ds(*batch), pl.ds(pl.multiple_of(c * chunk, chunk), chunk),
+                      pl.ds(*lanes))
+
+
+def _head_window(batch, heads, chunk):
+    """Indexer of chunk c of batch rows x heads of a [B, H, Tp, S] array."""
+    return lambda c: (pl.ds(*batch), pl.ds(*heads),
+                      pl.ds(pl.multiple_of(c * chunk, chunk), chunk), slice(None))
+
+
+def _chunk_window(batch, heads):
+    """Indexer of chunk c's blocks of batch rows x heads of a [B, H, N, X, Y]
     array."""
-    return lambda c: (pl.ds(first, count), pl.ds(pl.multiple_of(c * chunk, chunk), chunk),
-                      slice(None))
+    return lambda c: (pl.ds(*batch), pl.ds(*heads), c, slice(None), slice(None))
 
 
-def _chunk_block(first, count):
-    """Indexer of chunk c's blocks of rows first .. first + count - 1 in a
-    [R, N, X, Y] array."""
-    return lambda c: (pl.ds(first, count), c, slice(None), slice(None))
+def _chunk_index(n_chunks):
+    """Chunk of grid step n: n, or N-1-n when n_chunks is given (the grid
+    walks chunks in reverse)."""
+    return (lambda n: n) if n_chunks is None else (lambda n: n_chunks - 1 - n)
 
 
-def _token_out_spec(rows, chunk, d, n_chunks=None):
-    """Output block (rows, C, D) of a [R, Tp, D] array; n_chunks given: the
-    grid walks chunks in reverse (step n writes chunk N-1-n)."""
-    if n_chunks is None:
-        return pl.BlockSpec((rows, chunk, d), lambda j, n: (j, n, 0))
-    return pl.BlockSpec((rows, chunk, d), lambda j, n: (j, n_chunks - 1 - n, 0))
+def _token_out_spec(bb, chunk, lanes, n_chunks=None):
+    """Output block (Bb, C, lanes) of a [B, Tp, H D] array at head block j."""
+    at = _chunk_index(n_chunks)
+    return pl.BlockSpec((bb, chunk, lanes), lambda i, j, n: (i, at(n), j))
 
 
-def _chunk_out_spec(rows, x, y):
-    """Output block (rows, x, y) of a [R, N, x, y] array."""
-    return pl.BlockSpec((rows, None, x, y), lambda j, n: (j, n, 0, 0))
+def _scalar_out_spec(bb, hb, chunk, n_chunks):
+    """Output block (Bb, Hb, C, 1) of a [B, Hv, Tp, 1] array."""
+    at = _chunk_index(n_chunks)
+    return pl.BlockSpec((bb, hb, chunk, 1), lambda i, j, n: (i, j, at(n), 0))
 
 
-def _state_out_spec(rows, dk, dv):
-    """Output block (rows, Dk, Dv) of a [R, Dk, Dv] array, the same at every
-    chunk (written at the last one)."""
-    return pl.BlockSpec((rows, dk, dv), lambda j, n: (j, 0, 0))
+def _chunk_out_spec(bb, hb, x, y):
+    """Output block (Bb, Hb, x, y) of chunk n of a [B, Hv, N, x, y] array."""
+    return pl.BlockSpec((bb, hb, None, x, y), lambda i, j, n: (i, j, n, 0, 0))
+
+
+def _state_out_spec(bb, hb, dk, dv):
+    """Output block (Bb, Hb, Dk, Dv) of a [B, Hv, Dk, Dv] array, the same at
+    every chunk (written at the last one)."""
+    return pl.BlockSpec((bb, hb, dk, dv), lambda i, j, n: (i, j, 0, 0))
 
 
 _HBM = pl.BlockSpec(memory_space=pl.ANY)
@@ -201,59 +238,120 @@ _HBM = pl.BlockSpec(memory_space=pl.ANY)
 # --------------------------------------------------------------------------
 
 # Value rows (batch row, value head) a grid step works on: the most whose
-# [Dk, Dv] states take at most this many bytes (a multiple of G dividing
-# B Hv). One step's VMEM is about 10x its states (double-buffered streams and
-# output blocks): 512 KiB keeps it near 5 MiB. The step's per-chunk math is
-# vmapped over its rows: batched matmuls, and B Hv / rows times fewer grid
-# steps (on a CPU each interpreted grid step costs ~100 small XLA ops).
+# [Dk, Dv] states take at most this many bytes. One step's VMEM is about 10x
+# its states (double-buffered streams and output blocks): 512 KiB keeps it
+# near 5 MiB. The step's per-chunk math is vmapped over its rows: batched
+# matmuls, and fewer grid steps (on a CPU each interpreted grid step costs
+# ~100 small XLA ops).
 STATE_BYTES_PER_STEP = 512 * 1024
+LANES = 128   # a TPU lane tile: a window narrower than its array's last dim is a multiple
 
 
-def rows_per_step(rows: int, group: int, dk: int, dv: int, itemsize: int) -> int:
-    """Value rows per grid step for R = rows value rows (see
-    STATE_BYTES_PER_STEP); at least G, so a step reads whole key rows."""
-    fits = [r for r in range(group, rows + 1, group)
-            if rows % r == 0 and r * dk * dv * itemsize <= STATE_BYTES_PER_STEP]
-    return max(fits, default=group)
+def step_block(bsz: int, hv: int, group: int, dk: int, dv: int, itemsize: int):
+    """(Bb, Hb): batch rows and value heads a grid step works on, Bb | B,
+    Hb | Hv, Hb a multiple of G (whole key heads). The most value rows Bb Hb
+    whose states fit STATE_BYTES_PER_STEP (the most heads first) among the
+    head blocks whose lane windows are legal TPU blocks (Hb = Hv, or Hb Dv
+    and Hb / G Dk multiples of LANES); the smallest legal block if none fits."""
+    def lanes_ok(hb):
+        return hb == hv or (hb * dv % LANES == 0 and hb // group * dk % LANES == 0)
+
+    heads = [hb for hb in range(group, hv + 1, group) if hv % hb == 0 and lanes_ok(hb)]
+    blocks = [(bb, hb) for hb in heads for bb in range(1, bsz + 1) if bsz % bb == 0]
+    fits = [blk for blk in blocks if blk[0] * blk[1] * dk * dv * itemsize
+            <= STATE_BYTES_PER_STEP]
+    if not fits:
+        return 1, min(heads)
+    return max(fits, key=lambda blk: (blk[0] * blk[1], blk[1]))
 
 
 def _grid_position():
-    """(j, n, n_chunks): block of rows, grid step on the chunk axis, number
-    of chunks."""
-    return pl.program_id(0), pl.program_id(1), pl.num_programs(1)
+    """(i, j, n, n_chunks): batch block, head block, grid step on the chunk
+    axis, number of chunks."""
+    return pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.num_programs(2)
 
 
-def _token_streams(j, d, chunk, hbm, buf):
+class _Dims(NamedTuple):
+    bsz: int
+    t: int
+    hk: int
+    hv: int
+    dk: int
+    dv: int
+    group: int
+    n_chunks: int
+    tp: int
+    bb: int         # batch rows a grid step works on
+    hb: int         # value heads a grid step works on
+
+    @property
+    def kb(self) -> int:
+        """Key heads a grid step works on."""
+        return self.hb // self.group
+
+    @property
+    def rows(self) -> int:
+        """Value rows P = Bb Hb of a grid step."""
+        return self.bb * self.hb
+
+    def batch(self, i):
+        return i * self.bb, self.bb
+
+    def heads(self, j):
+        return j * self.hb, self.hb
+
+
+def _dims(q, v, chunk, acc) -> _Dims:
+    bsz, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    group = hv // hk
+    n_chunks = layout.num_chunks(t, chunk)
+    bb, hb = step_block(bsz, hv, group, dk, dv, jnp.dtype(acc).itemsize)
+    return _Dims(bsz, t, hk, hv, dk, dv, group, n_chunks, n_chunks * chunk, bb, hb)
+
+
+def _token_streams(i, j, d: _Dims, chunk, hbm, buf):
     """The token streams both kernels read, in the order q, k, v, scalars:
-    the step's value rows j P .. j P + P - 1 (P = d.per_step) for v and the
-    scalars, their key rows j P / G .. for q and k (value row r reads key
-    row r // G: row b Hv + h reads b Hk + h // G). hbm, buf: the HBM refs and
-    the two-slot VMEM buffers, in that order."""
-    key_rows = d.per_step // d.group
-    spans = ((j * key_rows, key_rows),) * 2 + ((j * d.per_step, d.per_step),) * 2
-    return tuple(_Stream(x_hbm, x_buf, _token_rows(first, count, chunk))
-                 for x_hbm, x_buf, (first, count) in zip(hbm, buf, spans))
+    the step's batch rows, its key heads' lanes of q and k, its value heads'
+    lanes of v and its value heads of the scalars. hbm, buf: the HBM refs
+    and the two-slot VMEM buffers, in that order."""
+    batch = d.batch(i)
+    key_lanes = (j * d.kb * d.dk, d.kb * d.dk)
+    value_lanes = (j * d.hb * d.dv, d.hb * d.dv)
+    index = (_token_window(batch, key_lanes, chunk),) * 2 + (
+        _token_window(batch, value_lanes, chunk), _head_window(batch, d.heads(j), chunk))
+    return tuple(_Stream(*x) for x in zip(hbm, buf, index))
 
 
 N_TOKEN_STREAMS = 4
 
 
-def _token_scratch(d, chunk, acc, packed):
+def _token_scratch(d: _Dims, chunk, acc, packed):
     """The two-slot VMEM buffers of the token streams."""
-    key_rows = d.per_step // d.group
-    return [pltpu.VMEM((2, rows, chunk, width), acc) for rows, width in (
-        (key_rows, d.dk), (key_rows, d.dk), (d.per_step, d.dv),
-        (d.per_step, 4 if packed else 2))]
+    return [pltpu.VMEM((2, d.bb, chunk, d.kb * d.dk), acc)] * 2 + [
+        pltpu.VMEM((2, d.bb, chunk, d.hb * d.dv), acc),
+        pltpu.VMEM((2, d.bb, d.hb, chunk, 4 if packed else 2), acc)]
 
 
 def _token_inputs(q, k, v, g, beta, chunk, acc, seg):
     """q, k, v and the scalars (g, beta, and doc, start of packed documents
-    when seg is not None) in the kernel layout (rows, time padded)."""
+    when seg is not None) in the kernel layout (time padded)."""
     columns = [g, beta]
     if seg is not None:
         columns += list(layout.segment_scalars(seg, v.shape[2], chunk, acc))
     scalars = jnp.stack([layout.pad_time(c.astype(acc), chunk) for c in columns], axis=-1)
-    return tuple(_to_rows(x, chunk, acc) for x in (q, k, v, scalars))
+    return tuple(_token_input(x, chunk, acc) for x in (q, k, v)) + (
+        jnp.swapaxes(scalars, 1, 2),)
+
+
+def _step_tokens(streams, slot, d: _Dims):
+    """The resident chunk of the token streams as rows: q, k [P, C, Dk]
+    (key heads repeated to the value rows), v [P, C, Dv], scalars [P, C, S]."""
+    q, k, v, scalars = (s.buf[slot] for s in streams)
+    q, k = (_heads_to_rows(x, d.kb) for x in (q, k))
+    q, k = (layout.repeat_heads(x, d.group, axis=0) for x in (q, k))
+    v = _heads_to_rows(v, d.hb)
+    return q, k, v, scalars.reshape((d.rows,) + scalars.shape[2:])
 
 
 def _scalar_columns(scalars):
@@ -274,31 +372,9 @@ def _split_refs(refs, sizes):
     return groups
 
 
-class _Dims(NamedTuple):
-    bsz: int
-    t: int
-    hv: int
-    dk: int
-    dv: int
-    group: int
-    n_chunks: int
-    tp: int
-    rows: int       # value rows B Hv
-    per_step: int   # value rows a grid step works on
-
-
-def _dims(q, v, chunk, acc) -> _Dims:
-    bsz, t, hk, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
-    group, rows = hv // hk, bsz * hv
-    n_chunks = layout.num_chunks(t, chunk)
-    per_step = rows_per_step(rows, group, dk, dv, jnp.dtype(acc).itemsize)
-    return _Dims(bsz, t, hv, dk, dv, group, n_chunks, n_chunks * chunk, rows, per_step)
-
-
 def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, inputs):
-    """pl.pallas_call over the grid (B Hv / P, N) of inputs, every one left
-    in HBM.
+    """pl.pallas_call over the grid (B / Bb, Hv / Hb, N) of inputs, every one
+    left in HBM.
 
     out_shape: ((shape, dtype), ...); under jax.shard_map the outputs vary
     over the manual mesh axes the inputs vary over (manual_axes), and the
@@ -309,11 +385,26 @@ def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, inputs):
         functools.partial(kernel, prefetch_when=bool(mat.varying)),
         out_shape=tuple(jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
                         for shape, dtype in out_shape),
-        grid=(d.rows // d.per_step, d.n_chunks),
+        grid=(d.bsz // d.bb, d.hv // d.hb, d.n_chunks),
         in_specs=[_HBM] * len(inputs), out_specs=out_specs,
         scratch_shapes=scratch_shapes + [pltpu.SemaphoreType.DMA((2,))],
         compiler_params=_compiler_params(),
         interpret=interpret.pallas_interpret_arg(), name=name)(*inputs)
+
+
+def _state_block(ref, i, j, d: _Dims):
+    """A [B, Hv, Dk, Dv] HBM ref's block of the step's rows."""
+    return ref.at[pl.ds(*d.batch(i)), pl.ds(*d.heads(j))]
+
+
+def _as_blocks(x, d: _Dims):
+    """Rows [P, ...] -> [Bb, Hb, ...] (the blocks of [B, Hv, ...] arrays)."""
+    return x.reshape((d.bb, d.hb) + x.shape[1:])
+
+
+def _as_rows(x, d: _Dims):
+    """[Bb, Hb, ...] -> rows [P, ...]."""
+    return x.reshape((d.rows,) + x.shape[2:])
 
 
 # --------------------------------------------------------------------------
@@ -330,33 +421,32 @@ def _chunk_forward(q, k, v, g, beta, seg, s0, scale):
 
 def _forward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
     """refs: the token inputs, s0; o, tinv, states, s_final; the token
-    buffers, S scratch, DMA semaphores. Every block holds the step's P rows."""
+    buffers, S scratch, DMA semaphores. Every block holds the step's rows."""
     n = N_TOKEN_STREAMS
     token_hbm, (s0_hbm, o_ref, tinv_ref, states_ref, s_final_ref), token_buf, \
         (s_scr, sems) = _split_refs(refs, (n, 5, n, 2))
-    j, n, n_chunks = _grid_position()
+    i, j, n, n_chunks = _grid_position()
 
     @pl.when(n == 0)
     def _init():
-        pltpu.sync_copy(s0_hbm.at[pl.ds(j * d.per_step, d.per_step)], s_scr)
+        pltpu.sync_copy(_state_block(s0_hbm, i, j, d), s_scr)
 
-    streams = _token_streams(j, d, chunk, token_hbm, token_buf)
+    streams = _token_streams(i, j, d, chunk, token_hbm, token_buf)
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: c, prefetch_when)
-    q, k, v, scalars = (s.buf[slot] for s in streams)
-    q, k = (layout.repeat_heads(x, d.group, axis=0) for x in (q, k))
+    q, k, v, scalars = _step_tokens(streams, slot, d)
     g, beta, seg = _scalar_columns(scalars)
 
-    s0 = s_scr[...]
+    s0 = _as_rows(s_scr[...], d)
     o, tinv, s1 = jax.vmap(functools.partial(_chunk_forward, scale=scale))(
         q, k, v, g, beta, seg, s0)
-    o_ref[...] = o
-    tinv_ref[...] = tinv
-    states_ref[...] = s0
-    s_scr[...] = s1
+    o_ref[...] = _rows_to_heads(o, d.bb)
+    tinv_ref[...] = _as_blocks(tinv, d)
+    states_ref[...] = s_scr[...]
+    s_scr[...] = _as_blocks(s1, d)
 
     @pl.when(n == n_chunks - 1)
     def _final():
-        s_final_ref[...] = s1
+        s_final_ref[...] = s_scr[...]
 
 
 def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
@@ -367,29 +457,27 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
     acc = cm.accumulation_dtype(v.dtype)
     d = _dims(q, v, chunk, acc)
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
-    p = d.per_step
     o, tinv, states, s_final = _call(
         functools.partial(_forward_kernel, d=d, scale=scale, chunk=chunk),
         "gdn_chunk_forward", d,
         out_shape=(
-            ((d.rows, d.tp, d.dv), acc),
-            ((d.rows, d.n_chunks, chunk, chunk), acc),
-            ((d.rows, d.n_chunks, d.dk, d.dv), acc),
-            ((d.rows, d.dk, d.dv), acc),
+            ((d.bsz, d.tp, d.hv * d.dv), acc),
+            ((d.bsz, d.hv, d.n_chunks, chunk, chunk), acc),
+            ((d.bsz, d.hv, d.n_chunks, d.dk, d.dv), acc),
+            ((d.bsz, d.hv, d.dk, d.dv), acc),
         ),
         out_specs=(
-            _token_out_spec(p, chunk, d.dv),
-            _chunk_out_spec(p, chunk, chunk),
-            _chunk_out_spec(p, d.dk, d.dv),
-            _state_out_spec(p, d.dk, d.dv),
+            _token_out_spec(d.bb, chunk, d.hb * d.dv),
+            _chunk_out_spec(d.bb, d.hb, chunk, chunk),
+            _chunk_out_spec(d.bb, d.hb, d.dk, d.dv),
+            _state_out_spec(d.bb, d.hb, d.dk, d.dv),
         ),
         scratch_shapes=_token_scratch(d, chunk, acc, seg is not None) + [
-            pltpu.VMEM((p, d.dk, d.dv), acc),         # state S of every row
+            pltpu.VMEM((d.bb, d.hb, d.dk, d.dv), acc),     # state S of every row
         ],
-        inputs=(*tokens, s0.astype(acc).reshape(d.rows, d.dk, d.dv)),
+        inputs=(*tokens, s0.astype(acc)),
     )
-    return (_from_rows(o, d.bsz, d.t), s_final.reshape(d.bsz, d.hv, d.dk, d.dv),
-            Residuals(tinv, states))
+    return _token_output(o, d.t, d.hv), s_final, Residuals(tinv, states)
 
 
 # --------------------------------------------------------------------------
@@ -408,42 +496,43 @@ def _chunk_backward(q, k, v, g, beta, seg, s0, tinv, do, ds1, scale):
 def _backward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
     """refs: the token inputs, states, tinv, do, ds_final; dq, dk, dv, dg,
     dbeta, ds0; the token buffers, states/tinv/do buffers, dS scratch, DMA
-    semaphores. Every block holds the step's P rows."""
+    semaphores. Every block holds the step's rows."""
     n_tokens = N_TOKEN_STREAMS
     token_hbm, (states_hbm, tinv_hbm, do_hbm, ds_final_hbm), \
         (dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, ds0_ref), token_buf, \
         (states_buf, tinv_buf, do_buf, ds_scr, sems) = _split_refs(
             refs, (n_tokens, 4, 6, n_tokens, 5))
-    j, n, n_chunks = _grid_position()
-    first = j * d.per_step
+    i, j, n, n_chunks = _grid_position()
+    batch, heads = d.batch(i), d.heads(j)
 
     @pl.when(n == 0)
     def _init():
-        pltpu.sync_copy(ds_final_hbm.at[pl.ds(first, d.per_step)], ds_scr)
+        pltpu.sync_copy(_state_block(ds_final_hbm, i, j, d), ds_scr)
 
-    streams = _token_streams(j, d, chunk, token_hbm, token_buf) + (
-        _Stream(states_hbm, states_buf, _chunk_block(first, d.per_step)),
-        _Stream(tinv_hbm, tinv_buf, _chunk_block(first, d.per_step)),
-        _Stream(do_hbm, do_buf, _token_rows(first, d.per_step, chunk)),
+    streams = _token_streams(i, j, d, chunk, token_hbm, token_buf) + (
+        _Stream(states_hbm, states_buf, _chunk_window(batch, heads)),
+        _Stream(tinv_hbm, tinv_buf, _chunk_window(batch, heads)),
+        _Stream(do_hbm, do_buf, _token_window(batch, (j * d.hb * d.dv, d.hb * d.dv), chunk)),
     )
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c,
                           prefetch_when)
-    q, k, v, scalars, s0, tinv, do = (s.buf[slot] for s in streams)
-    q, k = (layout.repeat_heads(x, d.group, axis=0) for x in (q, k))
+    q, k, v, scalars = _step_tokens(streams[:N_TOKEN_STREAMS], slot, d)
     g, beta, seg = _scalar_columns(scalars)
+    s0, tinv = (_as_rows(s.buf[slot], d) for s in streams[N_TOKEN_STREAMS:-1])
+    do = _heads_to_rows(streams[-1].buf[slot], d.hb)
 
     grads, ds0 = jax.vmap(functools.partial(_chunk_backward, scale=scale))(
-        q, k, v, g, beta, seg, s0, tinv, do, ds_scr[...])
-    dq_ref[...] = layout.sum_head_groups(grads.dq, d.group, axis=0)
-    dk_ref[...] = layout.sum_head_groups(grads.dk, d.group, axis=0)
-    dv_ref[...] = grads.dv
-    dg_ref[...] = grads.dg
-    dbeta_ref[...] = grads.dbeta
-    ds_scr[...] = ds0
+        q, k, v, g, beta, seg, s0, tinv, do, _as_rows(ds_scr[...], d))
+    dq_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dq, d.group, axis=0), d.bb)
+    dk_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dk, d.group, axis=0), d.bb)
+    dv_ref[...] = _rows_to_heads(grads.dv, d.bb)
+    dg_ref[...] = _as_blocks(grads.dg, d)
+    dbeta_ref[...] = _as_blocks(grads.dbeta, d)
+    ds_scr[...] = _as_blocks(ds0, d)
 
     @pl.when(n == n_chunks - 1)
     def _final():
-        ds0_ref[...] = ds0
+        ds0_ref[...] = ds_scr[...]
 
 
 def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=None):
@@ -453,32 +542,31 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=N
     `forward` (padding cotangents are zeroed by the caller)."""
     acc = cm.accumulation_dtype(v.dtype)
     d = _dims(q, v, chunk, acc)
-    p = d.per_step
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
-    key_rows = d.rows // d.group
-    token_grad = lambda rows, width: ((rows, d.tp, width), acc)
+    key_lanes, value_lanes = d.kb * d.dk, d.hb * d.dv
+    n = d.n_chunks
     dq, dk_, dv_, dg, dbeta, ds0 = _call(
         functools.partial(_backward_kernel, d=d, scale=scale, chunk=chunk),
         "gdn_chunk_backward", d,
-        out_shape=(token_grad(key_rows, d.dk), token_grad(key_rows, d.dk),
-                   token_grad(d.rows, d.dv), token_grad(d.rows, 1), token_grad(d.rows, 1),
-                   ((d.rows, d.dk, d.dv), acc)),
-        out_specs=tuple(_token_out_spec(rows, chunk, width, d.n_chunks) for rows, width in (
-            (p // d.group, d.dk), (p // d.group, d.dk), (p, d.dv), (p, 1), (p, 1)))
-        + (_state_out_spec(p, d.dk, d.dv),),
+        out_shape=(((d.bsz, d.tp, d.hk * d.dk), acc),) * 2 + (
+            ((d.bsz, d.tp, d.hv * d.dv), acc),) + (((d.bsz, d.hv, d.tp, 1), acc),) * 2 + (
+            ((d.bsz, d.hv, d.dk, d.dv), acc),),
+        out_specs=(_token_out_spec(d.bb, chunk, key_lanes, n),
+                   _token_out_spec(d.bb, chunk, key_lanes, n),
+                   _token_out_spec(d.bb, chunk, value_lanes, n),
+                   _scalar_out_spec(d.bb, d.hb, chunk, n),
+                   _scalar_out_spec(d.bb, d.hb, chunk, n),
+                   _state_out_spec(d.bb, d.hb, d.dk, d.dv)),
         scratch_shapes=_token_scratch(d, chunk, acc, seg is not None) + [
-            pltpu.VMEM((2, p, d.dk, d.dv), acc),     # state entering the chunk
-            pltpu.VMEM((2, p, chunk, chunk), acc),   # cached inverse
-            pltpu.VMEM((2, p, chunk, d.dv), acc),    # do
-            pltpu.VMEM((p, d.dk, d.dv), acc),        # dS
+            pltpu.VMEM((2, d.bb, d.hb, d.dk, d.dv), acc),     # state entering the chunk
+            pltpu.VMEM((2, d.bb, d.hb, chunk, chunk), acc),   # cached inverse
+            pltpu.VMEM((2, d.bb, chunk, value_lanes), acc),   # do
+            pltpu.VMEM((d.bb, d.hb, d.dk, d.dv), acc),        # dS
         ],
         inputs=(*tokens, res.states.astype(acc), res.tinv.astype(acc),
-                _to_rows(do, chunk, acc),
-                ds_final.astype(acc).reshape(d.rows, d.dk, d.dv)),
+                _token_input(do, chunk, acc), ds_final.astype(acc)),
     )
-
-    bsz, t = d.bsz, d.t
-    dq, dk_, dv_ = (_from_rows(x, bsz, t) for x in (dq, dk_, dv_))
-    dg = _from_rows(dg, bsz, t)[..., 0]
-    dbeta = _from_rows(dbeta, bsz, t)[..., 0]
-    return dq, dk_, dv_, dg, dbeta, ds0.reshape(bsz, d.hv, d.dk, d.dv)
+    t = d.t
+    dg, dbeta = (jnp.swapaxes(x[:, :, :t, 0], 1, 2) for x in (dg, dbeta))
+    return (_token_output(dq, t, d.hk), _token_output(dk_, t, d.hk),
+            _token_output(dv_, t, d.hv), dg, dbeta, ds0)

@@ -10,9 +10,11 @@ shared runners, cases and tolerance policy (no harness of its own):
             properties hold on the explicit cases of <= 8 grid steps;
   twin      pallas vs its XLA twin within tolerance.DTYPES[...].twin, and two
             runs of each bitwise identical;
-  rows      grid steps over blocks of value rows: a case split into one
-            key head's rows a step equals the same case in one step (both
-            interpret modes; the simulator raises on an out-of-bounds row);
+  rows      grid steps over blocks of batch rows and heads: a case split
+            into one batch row and one key head a step equals the same case
+            in one step (both interpret modes; the simulator raises on an
+            out-of-bounds window), and a step's lane windows are legal TPU
+            blocks;
   lowering  GDN_INTERPRET=off: both ops and their gradients lower for TPU
             from this CPU machine, yielding the forward/backward Mosaic kernels.
 """
@@ -128,10 +130,10 @@ def test_two_runs_bitwise_identical(case, target, hlo_mode):
 
 
 # --------------------------------------------------------------------------
-# grid steps over blocks of value rows
+# grid steps over blocks of batch rows and heads
 # --------------------------------------------------------------------------
 
-ROWS_CASE = explicit.delta_case("gva2-2keys-d32x64", 2, 37, 16, seed=13)   # G 2, Hv 4
+ROWS_CASE = explicit.delta_case("bench-d128", 2, 37, 16, seed=13)   # G 2, Hv 4, D 128
 
 
 def _backend_vjp(case):
@@ -157,17 +159,17 @@ def _backend_vjp(case):
 
 @pytest.mark.parametrize("mode", ["hlo", "tpu-sim"])
 def test_row_blocks_equal_one_block(mode, monkeypatch):
-    """With a state budget of one [Dk, Dv] state a step, every grid step
-    takes G value rows (one key head's) at its own offset in the row axis:
-    outputs and cotangents equal the one-step run to float32 rounding."""
+    """With a state budget of G [Dk, Dv] states a step, every grid step
+    takes one batch row and one key head's G value heads, at its own batch
+    offset and lane offset: outputs and cotangents equal the one-step run to
+    float32 rounding."""
     case = ROWS_CASE
-    rows, itemsize = case.batch * case.v_heads, 4
+    dims = (case.batch, case.v_heads, case.group, case.dk, case.dv, 4)
     one_block = _backend_vjp(case)
-    assert pallas_impl.rows_per_step(rows, case.group, case.dk, case.dv, itemsize) == rows
+    assert pallas_impl.step_block(*dims) == (case.batch, case.v_heads)
     monkeypatch.setenv(interpret.ENV_VAR, mode)
-    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", case.dk * case.dv * itemsize)
-    assert pallas_impl.rows_per_step(rows, case.group, case.dk, case.dv, itemsize) == \
-        case.group < rows
+    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", case.group * case.dk * case.dv * 4)
+    assert pallas_impl.step_block(*dims) == (1, case.group)
     try:
         blocks = _backend_vjp(case)
     except Exception:
@@ -175,6 +177,20 @@ def test_row_blocks_equal_one_block(mode, monkeypatch):
         raise
     conclude("row blocks vs one block", [compare_self(n, blocks[n], one_block[n], "float32")
                                          for n in one_block])
+
+
+@pytest.mark.parametrize("dk, dv, want", [
+    (128, 128, (1, 2)),   # one key head: 128 lanes of q and k, 256 of v
+    (128, 64, (1, 2)),    # 128 of q and k, 128 of v
+    (64, 128, (1, 4)),    # 64 lanes of q and k: only the whole width is legal
+    (32, 64, (1, 4)),
+])
+def test_step_block_windows_are_legal_tpu_blocks(dk, dv, want, monkeypatch):
+    """Under a budget of G states (B 2, Hv 4, G 2) a step takes one key head
+    only where its lane windows are a multiple of 128 lanes; otherwise all
+    heads (the whole width is always legal), over the budget."""
+    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", 2 * dk * dv * 4)
+    assert pallas_impl.step_block(2, 4, 2, dk, dv, 4) == want
 
 
 # --------------------------------------------------------------------------
