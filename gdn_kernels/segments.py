@@ -102,7 +102,8 @@ def conv_windows(seg: Segments, width: int) -> ConvWindows:
     order = jnp.argsort(seg.pad, axis=1, stable=True).astype(jnp.int32)
     position = jnp.maximum(jnp.cumsum(~seg.pad, axis=1, dtype=jnp.int32) - 1, 0)
     doc_c = jnp.take_along_axis(jnp.where(seg.pad, -1, seg.doc), order, axis=1)
-    doc_x = jnp.concatenate([jnp.zeros_like(doc_c[:, :width - 1]), doc_c], axis=1)
+    doc_x = jnp.concatenate([jnp.zeros((doc_c.shape[0], width - 1), doc_c.dtype), doc_c],
+                            axis=1)   # K-1 history slots, also when T < K-1
     valid = [(_delayed(doc_x, width - 1 - j, -2) == doc_x) & (doc_x >= 0)
              for j in range(width)]
     count = jnp.sum(~seg.pad, axis=1, dtype=jnp.int32)

@@ -15,6 +15,8 @@ shared runners, cases and tolerance policy (no harness of its own):
             in one step (both interpret modes; the simulator raises on an
             out-of-bounds window), and a step's lane windows are legal TPU
             blocks;
+  short row a packed mixer row shorter than its conv's history (K = 8,
+            T = 6) on pallas and xla, within the contract bounds;
   lowering  GDN_INTERPRET=off: both ops and their gradients lower for TPU
             from this CPU machine, yielding the forward/backward Mosaic kernels.
 """
@@ -74,6 +76,22 @@ def test_pallas_meets_contract_bounds(case, hlo_mode):
     # bfloat16 activations even the float32 state and its cotangent carry
     # bfloat16 rounding
     conclude("pallas contract bounds", _contract_rows(case, got, want, lambda n: case.dtype))
+
+
+# A packed row shorter than the conv's history (K-1 > T > 4, so the chunked
+# path runs): the conv windows once built K-1 - T too few history slots.
+SHORT_ROW_WIDE_CONV = replace(
+    explicit.mixer_case("mha-dk<dv", 2, 6, 16, seed=39, param_rank=1,
+                        segments=(((1, 2), (2, 4)), ((0, 1), (3, 5)))), conv_width=8)
+
+
+@pytest.mark.parametrize("target", (PALLAS, XLA), ids=str)
+def test_packed_row_shorter_than_conv_history(target, hlo_mode):
+    case = SHORT_ROW_WIDE_CONV
+    inputs = runners.case_inputs(case)
+    got = _named(case, *runners.target_vjp(target, case, inputs))
+    want = _named(case, *runners.oracle_vjp(case, inputs))
+    conclude("short packed row, wide conv", _contract_rows(case, got, want, lambda n: case.dtype))
 
 
 @pytest.mark.parametrize("case", (explicit.DELTA_CASES[1], explicit.MIXER_CASES[1]), ids=repr)
