@@ -104,24 +104,36 @@ def conv1d_silu_backward(ext, weight, dy, valid=None):
     dext[b,p,c] = sum_j weight[j,c] * (valid_j dpre)[b, p-j, c]
     dw[j,c]     = sum_{b,t} (valid_j dpre)[b,t,c] * ext[b, t+j, c]
 
-    Block by block (TIME_BLOCK tokens): the windows of neighbouring blocks
-    overlap by K-1 extended positions, whose dext both add to.
+    Returns (dhist [B, K-1, C], drow [B, T, C], dw): dext split into its
+    history and row parts (drow is written in place, no [B, K-1+T, C] buffer
+    and no copy out of it). Block by block (TIME_BLOCK tokens): a block's
+    window reaches K-1 positions back, into the previous block's rows (or
+    the history, for the first block), whose dext both add to.
     """
-    width = weight.shape[0]
-    valid = _row_valid(valid, width)
-    n_blocks, tail = divmod(dy.shape[1], TIME_BLOCK)
+    history = weight.shape[0] - 1
+    valid = _row_valid(valid, history + 1)
+    t = dy.shape[1]
+    n_blocks, tail = divmod(t, TIME_BLOCK)
+
+    def block(start, size):
+        window = lambda x, n, axis: lax.dynamic_slice_in_dim(x, start, n, axis)
+        return _block_backward(window(ext, size + history, 1), weight, window(dy, size, 1),
+                               None if valid is None else window(valid, size, 2))
 
     def add_block(carry, start, size):
-        dext, dw = carry
-        window = lambda x, n, axis: lax.dynamic_slice_in_dim(x, start, n, axis)
-        block_dext, block_dw = _block_backward(
-            window(ext, size + width - 1, 1), weight, window(dy, size, 1),
-            None if valid is None else window(valid, size, 2))
-        block_dext = block_dext + window(dext, size + width - 1, 1)
-        return lax.dynamic_update_slice_in_dim(dext, block_dext, start, 1), dw + block_dw
+        drow, dw = carry
+        block_dext, block_dw = block(start, size)
+        at = start - history
+        block_dext = block_dext + lax.dynamic_slice_in_dim(drow, at, size + history, 1)
+        return lax.dynamic_update_slice_in_dim(drow, block_dext, at, 1), dw + block_dw
 
-    carry = tuple(varying_like(jnp.zeros_like(x), ext, weight, dy) for x in (ext, weight))
-    if n_blocks:
-        carry = lax.fori_loop(0, n_blocks,
+    first = min(t, TIME_BLOCK)
+    dext, dw = block(0, first)
+    drow = varying_like(jnp.zeros(dy.shape[:2] + ext.shape[2:], ext.dtype), ext, weight, dy)
+    carry = (lax.dynamic_update_slice_in_dim(drow, dext[:, history:], 0, 1), dw)
+    if n_blocks > 1:
+        carry = lax.fori_loop(1, n_blocks,
                               lambda i, c: add_block(c, i * TIME_BLOCK, TIME_BLOCK), carry)
-    return add_block(carry, n_blocks * TIME_BLOCK, tail) if tail else carry
+    if n_blocks and tail:
+        carry = add_block(carry, n_blocks * TIME_BLOCK, tail)
+    return (dext[:, :history],) + carry

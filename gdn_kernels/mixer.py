@@ -112,27 +112,31 @@ def conv_state(ext, history: int, seg, win):
     return jnp.where(win.tail_keep[..., None], kept, jnp.zeros((), ext.dtype))
 
 
-def _add_conv_state_cotangent(dext, dconv, seg, win):
-    """dext [B, K-1+T, C] plus the cotangent of conv_state's result."""
+def _add_conv_state_cotangent(dhist, drow, dconv, seg, win):
+    """(dhist [B, K-1, C], drow [B, T, C]), the history and row parts of
+    dext, plus the cotangent of conv_state's result."""
     history = dconv.shape[1]
+    if seg is None and drow.shape[1] >= history:
+        return dhist, drow.at[:, drow.shape[1] - history:].add(dconv)
+    dext = jnp.concatenate([dhist, drow], axis=1)
     if seg is None:
-        return dext.at[:, dext.shape[1] - history:].add(dconv)
-    dconv = jnp.where(win.tail_keep[..., None], dconv, jnp.zeros((), dconv.dtype))
-    return jax.vmap(lambda d, i, u: d.at[i].add(u))(dext, _tail_index(win, history), dconv)
+        dext = dext.at[:, dext.shape[1] - history:].add(dconv)
+    else:
+        dconv = jnp.where(win.tail_keep[..., None], dconv, jnp.zeros((), dconv.dtype))
+        dext = jax.vmap(lambda d, i, u: d.at[i].add(u))(dext, _tail_index(win, history), dconv)
+    return dext[:, :history], dext[:, history:]
 
 
 def _conv_backward(ext, weight, dy, dconv, seg, win):
     """(dx [B, T, C], dhist [B, K-1, C], dw [K, C]) of _conv_forward and
     conv_state, given dy [B, T, C] (of silu(pre)) and dconv [B, K-1, C]."""
-    history = weight.shape[0] - 1
     if seg is not None:
         dy = segments.to_compact(dy, win, seg.pad)
-    dext, dw = conv1d.conv1d_silu_backward(ext, weight, dy, _valid(win))
-    dext = _add_conv_state_cotangent(dext, dconv, seg, win)
-    dx = dext[:, history:]
+    dhist, drow, dw = conv1d.conv1d_silu_backward(ext, weight, dy, _valid(win))
+    dhist, dx = _add_conv_state_cotangent(dhist, drow, dconv, seg, win)
     if seg is not None:
         dx = segments.from_compact(dx, win, seg.pad)
-    return dx, dext[:, :history], dw
+    return dx, dhist, dw
 
 
 def prologue(cfg: MixerConfig, ext, conv_weight, a, b, a_log, dt_bias, seg=None,
