@@ -270,6 +270,24 @@ def test_lowers_for_tpu(op, grad, dtype, packed, monkeypatch):
         assert len(calls) == 1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_head_blocks_lower_for_tpu(dtype, monkeypatch):
+    """Grid steps over one batch row and one key head (lane windows of 128
+    and 256 lanes at their offsets, B 2, Hk 2, Hv 4, D 128): both kernels
+    lower for TPU."""
+    monkeypatch.setenv(interpret.ENV_VAR, "off")
+    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", 2 * 128 * 128 * 4)
+    assert pallas_impl.step_block(2, 4, 2, 128, 128, 4) == (1, 2)
+    s, dt = jax.ShapeDtypeStruct, jnp.dtype(dtype)
+    b, t, hk, hv, d = 2, 100, 2, 4, 128
+    args = (s((b, t, hk, d), dt), s((b, t, hk, d), dt), s((b, t, hv, d), dt),
+            s((b, t, hv), dt), s((b, t, hv), dt), s((b, hv, d, d), jnp.float32), None)
+    text = (jax.jit(_lowering_fn("delta", True)).trace(*args)
+            .lower(lowering_platforms=("tpu",)).as_text())
+    names = re.findall(r'kernel_name = "(gdn_chunk_\w+)"', text)
+    assert sorted(names) == ["gdn_chunk_backward", "gdn_chunk_forward"]
+
+
 @pytest.mark.parametrize("op", ["delta", "mixer"])
 def test_sharded_ops_lower_for_tpu(op, monkeypatch):
     """Under jax.shard_map (check_vma on) the Pallas kernels declare their
