@@ -123,7 +123,7 @@ def _compiler_params():
 
 class _Stream(NamedTuple):
     """One input streamed chunk by chunk: hbm ref (whole array), VMEM buffer
-    [2, rows, cols], and index(c) -> the indexer of chunk c's block in hbm."""
+    [2, *block], and index(c) -> the indexer of chunk c's block in hbm."""
     hbm: object
     buf: object
     index: Callable
