@@ -11,8 +11,9 @@ into the extended positions, never read through a slice of ext: XLA:CPU
 emits a sum over (batch, time) of a product with a time-sliced 3-D operand
 as a scalar loop, 4.5x slower than the same sum over a padded operand
 (measured at [2, 4096, 1024] float32: 75 ms against 17 ms for K = 4).
-It walks the row in blocks of TIME_BLOCK tokens (a loop; the last, shorter
-block after it), so each tap's padded cotangent is a block-sized temporary
+It walks the row in blocks of TIME_BLOCK tokens (at least K-1: the first
+block, then a loop, then the last, shorter block), so each tap's padded
+cotangent is a block-sized temporary
 that stays in cache instead of a fresh [B, K-1+T, C] buffer per tap
 (measured at [2, 4096, 1024], K = 4: 70 ms whole-row, 28-33 ms in blocks of
 64-256 tokens).
@@ -26,7 +27,7 @@ from jax import lax
 
 from .manual_axes import varying_like
 
-# Tokens per block of the backward's walk over the row.
+# Tokens per block of the backward's walk over the row (at least K-1).
 TIME_BLOCK = 64
 
 
@@ -108,12 +109,15 @@ def conv1d_silu_backward(ext, weight, dy, valid=None):
     history and row parts (drow is written in place, no [B, K-1+T, C] buffer
     and no copy out of it). Block by block (TIME_BLOCK tokens): a block's
     window reaches K-1 positions back, into the previous block's rows (or
-    the history, for the first block), whose dext both add to.
+    the history, for the first block), whose dext both add to. A block
+    is at least K-1 tokens long, so a window never reaches past the previous
+    block into the history.
     """
     history = weight.shape[0] - 1
     valid = _row_valid(valid, history + 1)
     t = dy.shape[1]
-    n_blocks, tail = divmod(t, TIME_BLOCK)
+    size = max(TIME_BLOCK, history)
+    n_blocks, tail = divmod(t, size)
 
     def block(start, size):
         window = lambda x, n, axis: lax.dynamic_slice_in_dim(x, start, n, axis)
@@ -127,13 +131,11 @@ def conv1d_silu_backward(ext, weight, dy, valid=None):
         block_dext = block_dext + lax.dynamic_slice_in_dim(drow, at, size + history, 1)
         return lax.dynamic_update_slice_in_dim(drow, block_dext, at, 1), dw + block_dw
 
-    first = min(t, TIME_BLOCK)
-    dext, dw = block(0, first)
+    dext, dw = block(0, min(t, size))
     drow = varying_like(jnp.zeros(dy.shape[:2] + ext.shape[2:], ext.dtype), ext, weight, dy)
     carry = (lax.dynamic_update_slice_in_dim(drow, dext[:, history:], 0, 1), dw)
     if n_blocks > 1:
-        carry = lax.fori_loop(1, n_blocks,
-                              lambda i, c: add_block(c, i * TIME_BLOCK, TIME_BLOCK), carry)
+        carry = lax.fori_loop(1, n_blocks, lambda i, c: add_block(c, i * size, size), carry)
     if n_blocks and tail:
-        carry = add_block(carry, n_blocks * TIME_BLOCK, tail)
+        carry = add_block(carry, n_blocks * size, tail)
     return (dext[:, :history],) + carry

@@ -23,9 +23,10 @@ Bb Hb value rows; Hb / G key heads), chosen by step_block: a token window is
 outputs (_rows_to_heads), so no pass over memory changes the layout. The
 per-chunk math is jax.vmap of the chunk_math functions over the P rows
 (batched matmuls), the key rows repeated to the value rows in VMEM (value row
-r reads key row r // G). Every window's last two dims are (C, Hb D),
-(Hb, C, S)-style full dims, (C, C) or (Dk, Dv): C a multiple of 8, and a lane
-window is the whole H D or a multiple of 128 lanes, as TPU blocks require.
+r reads key row r // G). Every window's last two dims are (C, Hb Dv) or
+(C, Hb / G Dk) for the tokens, (C, S) or (C, 1) for the scalars, (C, C) or
+(Dk, Dv): C a multiple of 8, S and 1 whole dims, and a lane window is the
+whole H D or a multiple of 128 lanes, as TPU blocks require.
 
 Inputs stay in HBM (pl.ANY) and are streamed by double-buffered DMAs into
 two-slot VMEM buffers (see "chunk streams" below for why); outputs are
@@ -95,11 +96,10 @@ def _heads_to_rows(x, heads):
     return rows.reshape(bb * heads, c, d)
 
 
-def _rows_to_heads(x, bb):
+def _rows_to_heads(x, heads):
     """In a kernel: rows [Bb H, C, D] -> a window [Bb, C, H D] (_heads_to_rows
     inverted)."""
-    heads = x.shape[0] // bb
-    x = x.reshape((bb, heads) + x.shape[1:])
+    x = x.reshape((x.shape[0] // heads, heads) + x.shape[1:])
     return jnp.concatenate([x[:, h] for h in range(heads)], axis=-1)
 
 
@@ -184,9 +184,11 @@ def _stream_chunks(streams, sems, n, n_chunks, chunk_of, prefetch_when):
 
 def _token_window(batch, lanes, chunk):
     """Indexer of chunk c of a window of a [B, Tp, H D] array: batch rows
-    batch = (first, count), lanes = (first, count)."""
+    batch = (first, count), lanes = (first, count), first a multiple of
+    count (the lane offset of head block j is j times its width)."""
+    first, width = lanes
     return lambda c: (pl.ds(*batch), pl.ds(pl.multiple_of(c * chunk, chunk), chunk),
-                      pl.ds(*lanes))
+                      pl.ds(pl.multiple_of(first, width), width))
 
 
 def _head_window(batch, heads, chunk):
@@ -240,7 +242,9 @@ _HBM = pl.BlockSpec(memory_space=pl.ANY)
 # Value rows (batch row, value head) a grid step works on: the most whose
 # [Dk, Dv] states take at most this many bytes. One step's VMEM is about 10x
 # its states (double-buffered streams and output blocks): 512 KiB keeps it
-# near 5 MiB. The step's per-chunk math is vmapped over its rows: batched
+# near 5 MiB. Where only the whole width is a legal lane window (D not a
+# multiple of 128 and several key heads), a step takes all Hv heads of one
+# batch row, over this budget. The step's per-chunk math is vmapped over its rows: batched
 # matmuls, and fewer grid steps (on a CPU each interpreted grid step costs
 # ~100 small XLA ops).
 STATE_BYTES_PER_STEP = 512 * 1024
@@ -294,11 +298,27 @@ class _Dims(NamedTuple):
         """Value rows P = Bb Hb of a grid step."""
         return self.bb * self.hb
 
+    @property
+    def key_width(self) -> int:
+        """Lanes of a step's q, k windows (its key heads side by side)."""
+        return self.kb * self.dk
+
+    @property
+    def value_width(self) -> int:
+        """Lanes of a step's v, do, o windows."""
+        return self.hb * self.dv
+
     def batch(self, i):
         return i * self.bb, self.bb
 
     def heads(self, j):
         return j * self.hb, self.hb
+
+    def key_lanes(self, j):
+        return j * self.key_width, self.key_width
+
+    def value_lanes(self, j):
+        return j * self.value_width, self.value_width
 
 
 def _dims(q, v, chunk, acc) -> _Dims:
@@ -316,10 +336,8 @@ def _token_streams(i, j, d: _Dims, chunk, hbm, buf):
     lanes of v and its value heads of the scalars. hbm, buf: the HBM refs
     and the two-slot VMEM buffers, in that order."""
     batch = d.batch(i)
-    key_lanes = (j * d.kb * d.dk, d.kb * d.dk)
-    value_lanes = (j * d.hb * d.dv, d.hb * d.dv)
-    index = (_token_window(batch, key_lanes, chunk),) * 2 + (
-        _token_window(batch, value_lanes, chunk), _head_window(batch, d.heads(j), chunk))
+    index = (_token_window(batch, d.key_lanes(j), chunk),) * 2 + (
+        _token_window(batch, d.value_lanes(j), chunk), _head_window(batch, d.heads(j), chunk))
     return tuple(_Stream(*x) for x in zip(hbm, buf, index))
 
 
@@ -328,8 +346,8 @@ N_TOKEN_STREAMS = 4
 
 def _token_scratch(d: _Dims, chunk, acc, packed):
     """The two-slot VMEM buffers of the token streams."""
-    return [pltpu.VMEM((2, d.bb, chunk, d.kb * d.dk), acc)] * 2 + [
-        pltpu.VMEM((2, d.bb, chunk, d.hb * d.dv), acc),
+    return [pltpu.VMEM((2, d.bb, chunk, d.key_width), acc)] * 2 + [
+        pltpu.VMEM((2, d.bb, chunk, d.value_width), acc),
         pltpu.VMEM((2, d.bb, d.hb, chunk, 4 if packed else 2), acc)]
 
 
@@ -351,7 +369,7 @@ def _step_tokens(streams, slot, d: _Dims):
     q, k = (_heads_to_rows(x, d.kb) for x in (q, k))
     q, k = (layout.repeat_heads(x, d.group, axis=0) for x in (q, k))
     v = _heads_to_rows(v, d.hb)
-    return q, k, v, scalars.reshape((d.rows,) + scalars.shape[2:])
+    return q, k, v, _as_rows(scalars, d)
 
 
 def _scalar_columns(scalars):
@@ -439,7 +457,7 @@ def _forward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
     s0 = _as_rows(s_scr[...], d)
     o, tinv, s1 = jax.vmap(functools.partial(_chunk_forward, scale=scale))(
         q, k, v, g, beta, seg, s0)
-    o_ref[...] = _rows_to_heads(o, d.bb)
+    o_ref[...] = _rows_to_heads(o, d.hb)
     tinv_ref[...] = _as_blocks(tinv, d)
     states_ref[...] = s_scr[...]
     s_scr[...] = _as_blocks(s1, d)
@@ -467,7 +485,7 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
             ((d.bsz, d.hv, d.dk, d.dv), acc),
         ),
         out_specs=(
-            _token_out_spec(d.bb, chunk, d.hb * d.dv),
+            _token_out_spec(d.bb, chunk, d.value_width),
             _chunk_out_spec(d.bb, d.hb, chunk, chunk),
             _chunk_out_spec(d.bb, d.hb, d.dk, d.dv),
             _state_out_spec(d.bb, d.hb, d.dk, d.dv),
@@ -512,7 +530,7 @@ def _backward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
     streams = _token_streams(i, j, d, chunk, token_hbm, token_buf) + (
         _Stream(states_hbm, states_buf, _chunk_window(batch, heads)),
         _Stream(tinv_hbm, tinv_buf, _chunk_window(batch, heads)),
-        _Stream(do_hbm, do_buf, _token_window(batch, (j * d.hb * d.dv, d.hb * d.dv), chunk)),
+        _Stream(do_hbm, do_buf, _token_window(batch, d.value_lanes(j), chunk)),
     )
     slot = _stream_chunks(streams, sems, n, n_chunks, lambda c: n_chunks - 1 - c,
                           prefetch_when)
@@ -523,9 +541,9 @@ def _backward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
 
     grads, ds0 = jax.vmap(functools.partial(_chunk_backward, scale=scale))(
         q, k, v, g, beta, seg, s0, tinv, do, _as_rows(ds_scr[...], d))
-    dq_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dq, d.group, axis=0), d.bb)
-    dk_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dk, d.group, axis=0), d.bb)
-    dv_ref[...] = _rows_to_heads(grads.dv, d.bb)
+    dq_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dq, d.group, axis=0), d.kb)
+    dk_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dk, d.group, axis=0), d.kb)
+    dv_ref[...] = _rows_to_heads(grads.dv, d.hb)
     dg_ref[...] = _as_blocks(grads.dg, d)
     dbeta_ref[...] = _as_blocks(grads.dbeta, d)
     ds_scr[...] = _as_blocks(ds0, d)
@@ -543,7 +561,7 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=N
     acc = cm.accumulation_dtype(v.dtype)
     d = _dims(q, v, chunk, acc)
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
-    key_lanes, value_lanes = d.kb * d.dk, d.hb * d.dv
+    key_lanes, value_lanes = d.key_width, d.value_width
     n = d.n_chunks
     dq, dk_, dv_, dg, dbeta, ds0 = _call(
         functools.partial(_backward_kernel, d=d, scale=scale, chunk=chunk),

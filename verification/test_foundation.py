@@ -3,7 +3,9 @@
 import inspect
 import re
 
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import gdn_kernels
 from gdn_kernels import (chunk_math, conv1d, delta_rule, gates, l2norm, mixer, pallas_impl,
@@ -42,6 +44,25 @@ def test_padding_leaves_final_state_unaffected():
         _, exact = gdn_kernels.gated_delta_rule(q, q, v, g, beta, chunk_size=32, impl=impl)
         _, padded = gdn_kernels.gated_delta_rule(q, q, v, g, beta, chunk_size=64, impl=impl)
         np.testing.assert_allclose(np.asarray(padded), np.asarray(exact), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("width", [1, 4, 70])
+@pytest.mark.parametrize("t", [1, 63, 128, 129, 200])
+def test_conv_backward_blocks_equal_one_block(t, width):
+    """conv1d_silu_backward walks the row in blocks and stitches their
+    overlapping windows (into the previous block, or into the history): it
+    equals the whole row taken as one block, for rows shorter than a block,
+    exact multiples of it, a tail, and K-1 wider than TIME_BLOCK."""
+    rng = np.random.default_rng(t * 100 + width)
+    b, c = 2, 8
+    ext = jnp.asarray(rng.standard_normal((b, width - 1 + t, c)), jnp.float32)
+    weight = jnp.asarray(rng.standard_normal((width, c)) / width, jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((b, t, c)), jnp.float32)
+    dhist, drow, dw = conv1d.conv1d_silu_backward(ext, weight, dy)
+    want_dext, want_dw = conv1d._block_backward(ext, weight, dy, None)
+    got_dext = np.concatenate([np.asarray(dhist), np.asarray(drow)], axis=1)
+    np.testing.assert_allclose(got_dext, np.asarray(want_dext), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(dw), np.asarray(want_dw), rtol=1e-5, atol=1e-4)
 
 
 def test_every_mutant_patch_applies_and_changes_compiled_code():

@@ -32,8 +32,8 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 import gdn_kernels as gk
-from gdn_kernels import interpret, pallas_impl
-from strategies import explicit
+from gdn_kernels import interpret, pallas_impl, segments
+from strategies import explicit, segment_ids_of
 from strategies.cases import replace
 
 from . import runners
@@ -152,42 +152,56 @@ def test_two_runs_bitwise_identical(case, target, hlo_mode):
 # --------------------------------------------------------------------------
 
 ROWS_CASE = explicit.delta_case("bench-d128", 2, 37, 16, seed=13)   # G 2, Hv 4, D 128
+# name -> (case, [Dk, Dv] states a step may hold, the (Bb, Hb) that budget gives)
+ROW_SPLITS = {
+    "1-batch-row-1-key-head": (ROWS_CASE, 2, (1, 2)),
+    "packed": (replace(ROWS_CASE, segments=explicit.PACKED_T37), 2, (1, 2)),
+    "2-batch-rows-1-of-3-key-heads": (replace(ROWS_CASE, k_heads=3), 4, (2, 2)),
+}
 
 
 def _backend_vjp(case):
     """pallas_impl.forward then .backward on the case's inputs and random
-    cotangents, traced afresh (a new jit: the rows per step are read at
-    trace time). Returns name -> array."""
+    cotangents (padding zeroed as delta_rule does), traced afresh (a new jit:
+    the step block is chosen at trace time). Returns name -> array."""
     inputs = runners.case_inputs(case)
     q, k, v, g, beta, s0 = (jnp.asarray(inputs[n]) for n in
                             ("q", "k", "v", "g", "beta", "initial_state"))
+    ids = segment_ids_of(case)
     rng = np.random.default_rng(case.seed)
     do = jnp.asarray(rng.standard_normal(v.shape), jnp.float32)
     ds_final = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
     scale, chunk = case.dk ** -0.5, case.chunk
 
-    def run(q, k, v, g, beta, s0, do, ds_final):
-        o, s1, res = pallas_impl.forward(q, k, v, g, beta, s0, scale, chunk)
-        return (o, s1) + pallas_impl.backward(q, k, v, g, beta, res, do, ds_final, scale, chunk)
+    def run(q, k, v, g, beta, s0, do, ds_final, ids):
+        seg = None if ids is None else segments.from_ids(ids)
+        q, k, v, g, beta, do = segments.zero_padding_all(seg, q, k, v, g, beta, do)
+        o, s1, res = pallas_impl.forward(q, k, v, g, beta, s0, scale, chunk, seg)
+        grads = pallas_impl.backward(q, k, v, g, beta, res, do, ds_final, scale, chunk, seg)
+        return segments.zero_padding_all(seg, o, *grads[:5]) + (s1, grads[5])
 
-    out = jax.jit(run)(q, k, v, g, beta, s0, do, ds_final)
-    names = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "ds0")
+    out = jax.jit(run)(q, k, v, g, beta, s0, do, ds_final, None if ids is None else jnp.asarray(ids))
+    names = ("o", "dq", "dk", "dv", "dg", "dbeta", "final_state", "ds0")
     return dict(zip(names, (np.asarray(x) for x in out)))
 
 
 @pytest.mark.parametrize("mode", ["hlo", "tpu-sim"])
-def test_row_blocks_equal_one_block(mode, monkeypatch):
-    """With a state budget of G [Dk, Dv] states a step, every grid step
-    takes one batch row and one key head's G value heads, at its own batch
-    offset and lane offset: outputs and cotangents equal the one-step run to
-    float32 rounding."""
-    case = ROWS_CASE
+@pytest.mark.parametrize("split", ROW_SPLITS)
+def test_row_blocks_equal_one_block(split, mode, monkeypatch):
+    """Under a budget of a few [Dk, Dv] states a step, every grid step takes
+    a block of batch rows and whole key heads (their value heads) at its own
+    batch offset and lane offset: outputs and cotangents equal the one-step
+    run to float32 rounding (packed rows too: the scalars' head offset)."""
+    case, states, block = ROW_SPLITS[split]
     dims = (case.batch, case.v_heads, case.group, case.dk, case.dv, 4)
-    one_block = _backend_vjp(case)
+    state_bytes = case.dk * case.dv * 4
+    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP",
+                        case.batch * case.v_heads * state_bytes)
     assert pallas_impl.step_block(*dims) == (case.batch, case.v_heads)
+    one_block = _backend_vjp(case)
     monkeypatch.setenv(interpret.ENV_VAR, mode)
-    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", case.group * case.dk * case.dv * 4)
-    assert pallas_impl.step_block(*dims) == (1, case.group)
+    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", states * state_bytes)
+    assert pallas_impl.step_block(*dims) == block
     try:
         blocks = _backend_vjp(case)
     except Exception:
@@ -277,7 +291,13 @@ def test_head_blocks_lower_for_tpu(dtype, monkeypatch):
     lower for TPU."""
     monkeypatch.setenv(interpret.ENV_VAR, "off")
     monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", 2 * 128 * 128 * 4)
-    assert pallas_impl.step_block(2, 4, 2, 128, 128, 4) == (1, 2)
+    chosen, choose = [], pallas_impl.step_block
+
+    def recorded(*dims):
+        chosen.append(choose(*dims))
+        return chosen[-1]
+
+    monkeypatch.setattr(pallas_impl, "step_block", recorded)
     s, dt = jax.ShapeDtypeStruct, jnp.dtype(dtype)
     b, t, hk, hv, d = 2, 100, 2, 4, 128
     args = (s((b, t, hk, d), dt), s((b, t, hk, d), dt), s((b, t, hv, d), dt),
@@ -286,6 +306,7 @@ def test_head_blocks_lower_for_tpu(dtype, monkeypatch):
             .lower(lowering_platforms=("tpu",)).as_text())
     names = re.findall(r'kernel_name = "(gdn_chunk_\w+)"', text)
     assert sorted(names) == ["gdn_chunk_backward", "gdn_chunk_forward"]
+    assert chosen and set(chosen) == {(1, 2)}   # traced here (no cache hit), every kernel split
 
 
 @pytest.mark.parametrize("op", ["delta", "mixer"])

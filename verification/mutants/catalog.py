@@ -161,10 +161,10 @@ _ALL += [
     Mutant("pallas_gva_dq_dk_not_summed",
            "Pallas: dq/dk of a key head taken from its first value head, not summed over G",
            "pallas_impl.py",
-           "    dq_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dq, d.group, axis=0), d.bb)\n"
-           "    dk_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dk, d.group, axis=0), d.bb)",
-           "    dq_ref[...] = _rows_to_heads(grads.dq[::d.group], d.bb)\n"
-           "    dk_ref[...] = _rows_to_heads(grads.dk[::d.group], d.bb)",
+           "    dq_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dq, d.group, axis=0), d.kb)\n"
+           "    dk_ref[...] = _rows_to_heads(layout.sum_head_groups(grads.dk, d.group, axis=0), d.kb)",
+           "    dq_ref[...] = _rows_to_heads(grads.dq[::d.group], d.kb)\n"
+           "    dk_ref[...] = _rows_to_heads(grads.dk[::d.group], d.kb)",
            ("delta_rule_gradient_parity", "gva_equals_explicit_repeat"), impls=("pallas",)),
     Mutant("pallas_dinitial_state_dropped",
            "Pallas: cotangent of initial_state dropped (zeros returned)",
