@@ -3,6 +3,7 @@
 import inspect
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -46,6 +47,10 @@ def test_padding_leaves_final_state_unaffected():
         np.testing.assert_allclose(np.asarray(padded), np.asarray(exact), rtol=2e-6, atol=2e-6)
 
 
+_conv_backward_blocks = jax.jit(conv1d.conv1d_silu_backward)
+_conv_backward_one_block = jax.jit(conv1d._block_backward)
+
+
 @pytest.mark.parametrize("width", [1, 4, 70])
 @pytest.mark.parametrize("t", [1, 63, 128, 129, 200])
 def test_conv_backward_blocks_equal_one_block(t, width):
@@ -58,8 +63,8 @@ def test_conv_backward_blocks_equal_one_block(t, width):
     ext = jnp.asarray(rng.standard_normal((b, width - 1 + t, c)), jnp.float32)
     weight = jnp.asarray(rng.standard_normal((width, c)) / width, jnp.float32)
     dy = jnp.asarray(rng.standard_normal((b, t, c)), jnp.float32)
-    dhist, drow, dw = conv1d.conv1d_silu_backward(ext, weight, dy)
-    want_dext, want_dw = conv1d._block_backward(ext, weight, dy, None)
+    dhist, drow, dw = _conv_backward_blocks(ext, weight, dy)
+    want_dext, want_dw = _conv_backward_one_block(ext, weight, dy, None)
     got_dext = np.concatenate([np.asarray(dhist), np.asarray(drow)], axis=1)
     np.testing.assert_allclose(got_dext, np.asarray(want_dext), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(dw), np.asarray(want_dw), rtol=1e-5, atol=1e-4)
