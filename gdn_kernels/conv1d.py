@@ -116,26 +116,28 @@ def conv1d_silu_backward(ext, weight, dy, valid=None):
     history = weight.shape[0] - 1
     valid = _row_valid(valid, history + 1)
     t = dy.shape[1]
-    size = max(TIME_BLOCK, history)
-    n_blocks, tail = divmod(t, size)
+    block_len = max(TIME_BLOCK, history)
+    n_blocks, tail = divmod(t, block_len)
 
-    def block(start, size):
-        window = lambda x, n, axis: lax.dynamic_slice_in_dim(x, start, n, axis)
-        return _block_backward(window(ext, size + history, 1), weight, window(dy, size, 1),
-                               None if valid is None else window(valid, size, 2))
+    def block(start, n):
+        """(dext [B, K-1+n, C], dw) of the n tokens from start."""
+        window = lambda x, size, axis: lax.dynamic_slice_in_dim(x, start, size, axis)
+        return _block_backward(window(ext, n + history, 1), weight, window(dy, n, 1),
+                               None if valid is None else window(valid, n, 2))
 
-    def add_block(carry, start, size):
+    def add_block(carry, start, n):
         drow, dw = carry
-        block_dext, block_dw = block(start, size)
+        block_dext, block_dw = block(start, n)
         at = start - history
-        block_dext = block_dext + lax.dynamic_slice_in_dim(drow, at, size + history, 1)
+        block_dext = block_dext + lax.dynamic_slice_in_dim(drow, at, n + history, 1)
         return lax.dynamic_update_slice_in_dim(drow, block_dext, at, 1), dw + block_dw
 
-    dext, dw = block(0, min(t, size))
+    dext, dw = block(0, min(t, block_len))
     drow = varying_like(jnp.zeros(dy.shape[:2] + ext.shape[2:], ext.dtype), ext, weight, dy)
     carry = (lax.dynamic_update_slice_in_dim(drow, dext[:, history:], 0, 1), dw)
     if n_blocks > 1:
-        carry = lax.fori_loop(1, n_blocks, lambda i, c: add_block(c, i * size, size), carry)
+        carry = lax.fori_loop(1, n_blocks,
+                              lambda i, c: add_block(c, i * block_len, block_len), carry)
     if n_blocks and tail:
-        carry = add_block(carry, n_blocks * size, tail)
+        carry = add_block(carry, n_blocks * block_len, tail)
     return (dext[:, :history],) + carry

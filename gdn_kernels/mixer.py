@@ -185,15 +185,15 @@ def prologue_of(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None
 
 def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state):
     """((o, GDNState after the call), residuals): the extended conv input,
-    the Prologue without pre (the conv backward recomputes it block by
-    block) and the delta rule's residuals."""
+    its ConvWindows (None unless packed), the Prologue without pre (the conv
+    backward recomputes it block by block) and the delta rule's residuals."""
     ext, win, s_in = _inputs(cfg, x, conv_weight, seg, state)
     pro = prologue(cfg, ext, conv_weight, a, b, a_log, dt_bias, seg, win)
     o, s_final, res = backend_for(cfg.impl, x.shape[1]).forward(
         pro.q, pro.k, pro.v, pro.g, pro.beta, s_in.recurrent, cfg.scale, cfg.chunk_size, seg)
     (o,) = zero_padding_all(seg, o.astype(x.dtype))
     conv = conv_state(ext, conv_weight.shape[0] - 1, seg, win).astype(x.dtype)
-    return (o, GDNState(conv, s_final)), (ext, pro._replace(pre=None), res)
+    return (o, GDNState(conv, s_final)), (ext, win, pro._replace(pre=None), res)
 
 
 def gdn_mixer(cfg: MixerConfig, x, conv_weight, a, b, a_log, dt_bias, seg=None, state=None):
@@ -216,10 +216,9 @@ def _fwd(cfg, x, conv_weight, a, b, a_log, dt_bias, seg=None, state=None):
 
 
 def _bwd(cfg, saved, cotangents):
-    x, conv_weight, a, b, a_log, dt_bias, seg, state, (ext, pro, res) = saved
+    x, conv_weight, a, b, a_log, dt_bias, seg, state, (ext, win, pro, res) = saved
     do, d_state = cotangents
     acc = accumulation_dtype(x.dtype)
-    win = _conv_windows(seg, conv_weight)
     (do,) = zero_padding_all(seg, do.astype(acc))
     dq, dk, dv, dg, dbeta, ds0 = backend_for(cfg.impl, x.shape[1]).backward(
         pro.q, pro.k, pro.v, pro.g, pro.beta, res, do,

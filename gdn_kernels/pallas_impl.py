@@ -244,9 +244,9 @@ _HBM = pl.BlockSpec(memory_space=pl.ANY)
 # its states (double-buffered streams and output blocks): 512 KiB keeps it
 # near 5 MiB. Where only the whole width is a legal lane window (D not a
 # multiple of 128 and several key heads), a step takes all Hv heads of one
-# batch row, over this budget. The step's per-chunk math is vmapped over its rows: batched
-# matmuls, and fewer grid steps (on a CPU each interpreted grid step costs
-# ~100 small XLA ops).
+# batch row, over this budget. The step's per-chunk math is vmapped over its
+# rows: batched matmuls, and fewer grid steps (on a CPU each interpreted grid
+# step costs ~100 small XLA ops).
 STATE_BYTES_PER_STEP = 512 * 1024
 LANES = 128   # a TPU lane tile: a window narrower than its array's last dim is a multiple
 
@@ -561,7 +561,6 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=N
     acc = cm.accumulation_dtype(v.dtype)
     d = _dims(q, v, chunk, acc)
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
-    key_lanes, value_lanes = d.key_width, d.value_width
     n = d.n_chunks
     dq, dk_, dv_, dg, dbeta, ds0 = _call(
         functools.partial(_backward_kernel, d=d, scale=scale, chunk=chunk),
@@ -569,16 +568,16 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=N
         out_shape=(((d.bsz, d.tp, d.hk * d.dk), acc),) * 2 + (
             ((d.bsz, d.tp, d.hv * d.dv), acc),) + (((d.bsz, d.hv, d.tp, 1), acc),) * 2 + (
             ((d.bsz, d.hv, d.dk, d.dv), acc),),
-        out_specs=(_token_out_spec(d.bb, chunk, key_lanes, n),
-                   _token_out_spec(d.bb, chunk, key_lanes, n),
-                   _token_out_spec(d.bb, chunk, value_lanes, n),
+        out_specs=(_token_out_spec(d.bb, chunk, d.key_width, n),
+                   _token_out_spec(d.bb, chunk, d.key_width, n),
+                   _token_out_spec(d.bb, chunk, d.value_width, n),
                    _scalar_out_spec(d.bb, d.hb, chunk, n),
                    _scalar_out_spec(d.bb, d.hb, chunk, n),
                    _state_out_spec(d.bb, d.hb, d.dk, d.dv)),
         scratch_shapes=_token_scratch(d, chunk, acc, seg is not None) + [
             pltpu.VMEM((2, d.bb, d.hb, d.dk, d.dv), acc),     # state entering the chunk
             pltpu.VMEM((2, d.bb, d.hb, chunk, chunk), acc),   # cached inverse
-            pltpu.VMEM((2, d.bb, chunk, value_lanes), acc),   # do
+            pltpu.VMEM((2, d.bb, chunk, d.value_width), acc),  # do
             pltpu.VMEM((d.bb, d.hb, d.dk, d.dv), acc),        # dS
         ],
         inputs=(*tokens, res.states.astype(acc), res.tinv.astype(acc),

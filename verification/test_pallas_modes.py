@@ -32,7 +32,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 import gdn_kernels as gk
-from gdn_kernels import interpret, pallas_impl, segments
+from gdn_kernels import delta_rule, interpret, pallas_impl, segments
 from strategies import explicit, segment_ids_of
 from strategies.cases import replace
 
@@ -161,27 +161,27 @@ ROW_SPLITS = {
 
 
 def _backend_vjp(case):
-    """pallas_impl.forward then .backward on the case's inputs and random
-    cotangents (padding zeroed as delta_rule does), traced afresh (a new jit:
-    the step block is chosen at trace time). Returns name -> array."""
+    """The pallas backend through delta_rule's custom VJP (its padding
+    handling included) on the case's inputs and random cotangents, traced
+    afresh: a new jit, not api's cached one, because the step block is
+    chosen at trace time. Returns name -> array."""
     inputs = runners.case_inputs(case)
-    q, k, v, g, beta, s0 = (jnp.asarray(inputs[n]) for n in
-                            ("q", "k", "v", "g", "beta", "initial_state"))
+    primals = tuple(jnp.asarray(inputs[n]) for n in
+                    ("q", "k", "v", "g", "beta", "initial_state"))
     ids = segment_ids_of(case)
     rng = np.random.default_rng(case.seed)
-    do = jnp.asarray(rng.standard_normal(v.shape), jnp.float32)
-    ds_final = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
-    scale, chunk = case.dk ** -0.5, case.chunk
+    cotangents = tuple(jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+                       for x in (primals[2], primals[5]))
+    cfg = delta_rule.DeltaRuleConfig(impl="pallas", scale=case.dk ** -0.5,
+                                     chunk_size=case.chunk)
 
-    def run(q, k, v, g, beta, s0, do, ds_final, ids):
+    def run(primals, cotangents, ids):
         seg = None if ids is None else segments.from_ids(ids)
-        q, k, v, g, beta, do = segments.zero_padding_all(seg, q, k, v, g, beta, do)
-        o, s1, res = pallas_impl.forward(q, k, v, g, beta, s0, scale, chunk, seg)
-        grads = pallas_impl.backward(q, k, v, g, beta, res, do, ds_final, scale, chunk, seg)
-        return segments.zero_padding_all(seg, o, *grads[:5]) + (s1, grads[5])
+        out, vjp = jax.vjp(lambda *p: delta_rule.chunked_delta_rule(cfg, *p, seg), *primals)
+        return out + vjp(cotangents)
 
-    out = jax.jit(run)(q, k, v, g, beta, s0, do, ds_final, None if ids is None else jnp.asarray(ids))
-    names = ("o", "dq", "dk", "dv", "dg", "dbeta", "final_state", "ds0")
+    out = jax.jit(run)(primals, cotangents, None if ids is None else jnp.asarray(ids))
+    names = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "ds0")
     return dict(zip(names, (np.asarray(x) for x in out)))
 
 

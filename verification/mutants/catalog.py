@@ -274,9 +274,9 @@ _ALL += [
     Mutant("state_downcast_between_calls",
            "the returned recurrent state is rounded to bfloat16 between calls",
            "mixer.py",
-           "    return (o, GDNState(conv, s_final)), (ext, pro._replace(pre=None), res)",
+           "    return (o, GDNState(conv, s_final)), (ext, win, pro._replace(pre=None), res)",
            "    return (o, GDNState(conv, s_final.astype(jnp.bfloat16).astype(s_final.dtype))), "
-           "(ext, pro._replace(pre=None), res)",
+           "(ext, win, pro._replace(pre=None), res)",
            ("prompt_then_decode", "decode_drift")),
     Mutant("incoming_state_gradient_dropped",
            "the backward returns a zero cotangent for the incoming recurrent state",
