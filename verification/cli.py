@@ -1,71 +1,182 @@
 """`gdn-verify`: the suite's command line.
 
-  gdn-verify [run] [--target MODULE[:IMPL]] [--profile dev|ci|nightly|repro] [-- PYTEST ARGS]
-      run the verification suite on a target and print the per-property
-      summary (examples, worst error per tensor vs bound, compiles, time)
+  gdn-verify [run] [--target MODULE[:IMPL]] [--profile dev|ci|nightly|repro]
+                   [--seed N] [--examples N] [--properties ID,...] [--scope properties|all]
+                   [--strict] [--known-failures FILE] [--junit-xml FILE] [--json FILE]
+                   [-- PYTEST ARGS]
+      run the verification suite on a target (default gdn_kernels:pallas; the
+      current directory is importable) and print the per-property summary
+  gdn-verify list
+      the registered properties (family, what each needs of a target) and
+      the seeded-bug mutants (what each breaks, which properties kill it)
   gdn-verify replay FILE... [--target MODULE[:IMPL] | --module MODULE]
-      rebuild each counterexample's inputs, rerun its property, print the
-      error table; exit 1 if any still fails (--module: on that module,
-      with the file's own impl and mesh)
-  gdn-verify mutants [--only NAME ...] [--report-dir DIR] [--jobs N]
-      the seeded-bug kill report (see verification/mutants); --shard I/N
-      runs one shard of it
+      rebuild each counterexample's inputs under its recorded interpret mode
+      and XLA flags, rerun its property, print the error table; exit 1 if any
+      still fails (--module: on that module, with the file's own impl and mesh)
+  gdn-verify mutants [--only NAME ...] [--report-dir DIR] [--jobs N] [--shard I/N]
+      the seeded-bug kill report (see verification/mutants)
   gdn-verify merge-reports FILE... [--report-dir DIR]
       join the JSON reports of suite shards (--gdn-shard I/N with
       GDN_STATS_FILE) or of mutation shards (mutants --shard I/N) into one
       verdict: merged-report.json / .md
   gdn-verify bench [BENCH OPTIONS]
       the benchmark harness, same as `python -m benchmarks` (see --help there)
+
+Options may come before or after the command; one the command does not take
+is an error. Exit codes: those of pytest for `run` (0 all held, 1 a failure,
+4 a usage error such as a target that cannot be imported).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 from typing import List, Optional
 
+COMMANDS = ("run", "list", "replay", "mutants", "merge-reports", "bench")
+# Options shared by the commands, and which commands take each.
+SHARED = {"target": ("run", "replay"), "profile": ("run",), "seed": ("run",),
+          "examples": ("run", "mutants"), "properties": ("run",), "scope": ("run",),
+          "strict": ("run",), "known_failures": ("run",), "junit_xml": ("run",),
+          "json": ("run",), "report_dir": ("mutants", "merge-reports")}
 
-def _suite_dir() -> str:
-    return os.path.dirname(os.path.abspath(__file__))
+
+def _suite_args(args) -> List[str]:
+    """The pytest arguments of `run`'s options."""
+    out = ["-p", "gdn_verify", "-q"]
+    if args.get("target"):
+        out += ["--gdn-target", args["target"]]
+    if args.get("profile"):
+        out += ["--hypothesis-profile", args["profile"]]
+    if args.get("seed") is not None:
+        out += ["--hypothesis-seed", str(args["seed"])]
+    if args.get("examples"):
+        out += ["--gdn-examples", str(args["examples"])]
+    if args.get("properties"):
+        out += ["--gdn-properties", args["properties"]]
+    if args.get("scope"):
+        out += ["--gdn-scope", args["scope"]]
+    if args.get("strict"):
+        out += ["--gdn-strict"]
+    if args.get("known_failures"):
+        out += ["--gdn-known-failures", args["known_failures"]]
+    if args.get("junit_xml"):
+        out += ["--junitxml", args["junit_xml"]]
+    return out
 
 
-def run_suite(target: Optional[str], profile: Optional[str], extra: List[str]) -> int:
-    """pytest on the suite; exit code 5 (no tests collected) counts as failure."""
+def run_suite(args: dict, extra: List[str]) -> int:
+    """pytest on the suite, from the current directory (importable, as under
+    `python -m pytest`); exit code 5 (no tests collected) counts as failure."""
     import pytest
-    args = [_suite_dir(), "-p", "verification.plugin", "-q"]
-    if target:
-        args += ["--gdn-target", target]
-    if profile:
-        os.environ["GDN_PROFILE"] = profile
-        args += ["--hypothesis-profile", profile]
-    code = pytest.main(args + extra)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    if args.get("profile"):
+        os.environ["GDN_PROFILE"] = args["profile"]
+    if args.get("json"):
+        os.environ["GDN_STATS_FILE"] = os.path.abspath(args["json"])
+    if not args.get("target") and not os.environ.get("GDN_TARGET"):
+        args = dict(args, target=_default_target())
+    code = pytest.main(_suite_args(args) + extra)
     if code == 5:
         print("gdn-verify: no tests were collected: failing", file=sys.stderr)
         return 1
     return int(code)
 
 
+def _default_target() -> str:
+    from .targets import DEFAULT_TARGET
+    return DEFAULT_TARGET
+
+
+# ------------------------------------------------------------------ list
+def list_command() -> int:
+    from .mutants import MUTANTS
+    from .registry import load_all
+    props = load_all()
+    print(f"properties ({len(props)}):")
+    width = max(map(len, props))
+    for p in props.values():
+        needs = ", ".join(p.needs) or "-"
+        print(f"  {p.id:<{width}}  {p.family:<17}  needs: {needs:<28}  {p.doc}")
+    print("  (every property also needs what each case asks: the op, its dtype, chunk "
+          "size, GVA, packed rows, an initial state)")
+    print(f"mutants ({len(MUTANTS)}):")
+    width = max(map(len, MUTANTS))
+    for m in MUTANTS.values():
+        print(f"  {m.name:<{width}}  impls {','.join(m.impls):<12}  "
+              f"killers {','.join(m.killers) or '-'}: {m.description}")
+    return 0
+
+
+# ------------------------------------------------------------------ replay
+def _restore_environment(record: dict) -> List[str]:
+    """Set the recorded interpret mode and environment in this process;
+    the warnings of what could not be restored."""
+    from . import counterexamples
+    warnings = []
+    env = record.get("environment")
+    if env is None:
+        from . import compile_settings
+        compile_settings.apply()
+        return [f"{record['path']}: no recorded environment (written by an older "
+                f"gdn-verify): replaying under this process's settings"]
+    from jax._src import xla_bridge
+    started = bool(xla_bridge._backends)
+    for name, value in env.items():
+        if os.environ.get(name) == value:
+            continue
+        if started and name != "GDN_INTERPRET":
+            warnings.append(f"cannot restore {name}={value!r} (now {os.environ.get(name)!r}): "
+                            f"XLA already started in this process; run the replay alone")
+            continue
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    mode = record.get("interpret_mode")
+    if mode:
+        os.environ["GDN_INTERPRET"] = mode
+    now = counterexamples.versions()
+    for lib in ("jax", "jaxlib"):
+        was = record.get("versions", {}).get(lib)
+        if was and was != now[lib]:
+            warnings.append(f"recorded under {lib} {was}, replaying under {now[lib]}")
+    return warnings
+
+
 def replay(path: str, target: Optional[str], module: Optional[str] = None) -> int:
-    """Rerun one counterexample file; 0 if the property now holds, 1 if not.
-    target: the spec to run it on (default: the file's own); module: run it
-    on this module instead, keeping the file's impl and mesh (the mutation
-    run's baseline replays each killing example on gdn_kernels)."""
+    """Rerun one counterexample file under its recorded settings; 0 if the
+    property now holds, 1 if not. target: the spec to run it on (default:
+    the file's own); module: run it on this module instead, keeping the
+    file's impl and mesh (the mutation run's baseline replays each killing
+    example on gdn_kernels)."""
     import dataclasses
     from . import counterexamples
-    from .registry import PropertyFailure, load_all
-    from .targets import Target
-    from .tolerance import format_table
-
     record = counterexamples.load(path)
+    record["path"] = path
+    for warning in _restore_environment(record):
+        print(f"gdn-verify replay: warning: {warning}", file=sys.stderr)
+    from .registry import PropertyFailure, load_all
+    from .targets import Target, TargetError
+    from .tolerance import format_table
     spec = target or record["target"]
-    if module:
-        spec = dataclasses.replace(Target.parse(spec), module_name=module).spec
+    try:
+        if module:
+            spec = dataclasses.replace(Target.parse(spec), module_name=module).spec
+        resolved = Target.parse(spec)
+    except TargetError as err:
+        print(f"gdn-verify replay: {err}", file=sys.stderr)
+        return 4
     prop = load_all()[record["property"]]
-    print(f"replaying {record['property']} on {spec}")
+    print(f"replaying {record['property']} on {spec} (interpret mode "
+          f"{record.get('interpret_mode', '?')})")
     print(f"case: {record['case']}")
     try:
-        rows = prop.run(Target.parse(spec), record["case_obj"])
+        rows = prop.run(resolved, record["case_obj"])
     except PropertyFailure as err:
         print(format_table(err.rows))
         print(f"STILL FAILS: {record['property']}")
@@ -74,13 +185,38 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
         print(f"STILL FAILS (raised {type(err).__name__}): {err}")
         return 1
     print(format_table(rows))
+    reason = prop.not_checkable(resolved, record["case_obj"])
+    if reason:
+        print(f"not checkable on {spec}: {reason}")
+        return 1
     print(f"passes now: {record['property']}")
     return 0
 
 
+def _environment_key(path: str) -> str:
+    with open(path) as f:
+        record = json.load(f)
+    return json.dumps([record.get("environment"), record.get("interpret_mode")],
+                      sort_keys=True)
+
+
 def replay_all(paths: List[str], target: Optional[str], module: Optional[str] = None) -> int:
-    """Rerun every file (see replay); 1 if any still fails, naming them."""
-    failing = [path for path in paths if replay(path, target, module)]
+    """Rerun every file (see replay); 1 if any still fails, naming them.
+    Files recorded under different environments replay in a fresh process
+    each, so every one gets its own XLA flags."""
+    groups = {}
+    for path in paths:
+        groups.setdefault(_environment_key(path), []).append(path)
+    if len(groups) > 1:
+        failing = []
+        for path in paths:
+            cmd = [sys.executable, "-m", "verification.cli", "replay", path]
+            cmd += (["--target", target] if target else []) + (["--module", module]
+                                                               if module else [])
+            if subprocess.run(cmd).returncode:
+                failing.append(path)
+    else:
+        failing = [path for path in paths if replay(path, target, module)]
     print(f"replayed {len(paths)} counterexample(s): "
           + (f"{len(failing)} still fail: {', '.join(failing)}" if failing else "all pass"))
     return 1 if failing else 0
@@ -88,7 +224,6 @@ def replay_all(paths: List[str], target: Optional[str], module: Optional[str] = 
 
 def merge_reports(files: List[str], report_dir: str) -> int:
     """Write merged-report.json / .md; 0 when every shard passed."""
-    import json
     from .reports import markdown, merge
     report = merge(files)
     text = markdown(report)
@@ -101,58 +236,108 @@ def merge_reports(files: List[str], report_dir: str) -> int:
     return 0 if report["passed"] else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+# ------------------------------------------------------------------ parsing
+def _shared_options(parser, suppress: bool) -> None:
+    """The shared options; suppress: leave them out of the namespace unless
+    given (a subcommand's parser must not overwrite the main parser's)."""
     from .profiles import PROFILES
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # every option belongs to the benchmark's own parser
-        from benchmarks.__main__ import main as bench_main
-        return bench_main(argv[1:])
-    # the suite's compile settings, for replay in this process and for the
-    # processes `run` and `mutants` start (the benchmarks keep XLA's defaults)
-    from . import compile_settings
-    compile_settings.apply()
-    extra: List[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--target", default=default, metavar="MODULE[:IMPL]",
+                        help="the kernel module to verify (default gdn_kernels:pallas)")
+    parser.add_argument("--profile", default=default, choices=PROFILES)
+    parser.add_argument("--seed", type=int, default=default,
+                        help="Hypothesis seed (--hypothesis-seed)")
+    parser.add_argument("--examples", type=int, default=default,
+                        help="examples per property (run) or per mutant run (mutants)")
+    parser.add_argument("--properties", default=default, metavar="ID[,ID...]",
+                        help="only these properties ('all', 'sharded-subset')")
+    parser.add_argument("--scope", default=default, choices=("properties", "all"),
+                        help="properties only, or with this repository's self-tests")
+    parser.add_argument("--strict", action="store_true",
+                        default=argparse.SUPPRESS if suppress else False,
+                        help="a not-checkable property fails")
+    parser.add_argument("--known-failures", default=default, metavar="FILE",
+                        help="known failures: XFAIL; XPASS fails")
+    parser.add_argument("--junit-xml", default=default, metavar="FILE",
+                        help="write a JUnit XML report (one test case per property)")
+    parser.add_argument("--json", default=default, metavar="FILE",
+                        help="write the JSON report (verdicts, per-property statistics)")
+    parser.add_argument("--report-dir", default=default, metavar="DIR")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-verify", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    _shared_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command")
-    run_p = sub.add_parser("run", help="run the suite (default)")
-    for p in (parser, run_p):
-        p.add_argument("--target", default=None)
-        p.add_argument("--profile", default=None,
-                       choices=PROFILES)
+    _shared_options(sub.add_parser("run", help="run the suite (default)"), suppress=True)
+    _shared_options(sub.add_parser("list", help="list properties and mutants"), suppress=True)
     rep = sub.add_parser("replay", help="replay counterexample files")
+    _shared_options(rep, suppress=True)
     rep.add_argument("files", nargs="+")
-    rep.add_argument("--target", default=None)
     rep.add_argument("--module", default=None,
                      help="run each file on this module, keeping its impl and mesh")
     mut = sub.add_parser("mutants", help="seeded-bug kill report")
+    _shared_options(mut, suppress=True)
     mut.add_argument("--only", nargs="*", default=None)
-    mut.add_argument("--report-dir", default=".")
-    mut.add_argument("--examples", type=int, default=None)
     mut.add_argument("--shard", default=None, metavar="I/N",
                      help="run every N-th mutant run and baseline property, from the I-th")
     mut.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                      help="mutant runs at once, each a fresh pytest process "
                           "(default: the available cores)")
     merge = sub.add_parser("merge-reports", help="join suite shard reports into one verdict")
+    _shared_options(merge, suppress=True)
     merge.add_argument("files", nargs="+")
-    merge.add_argument("--report-dir", default=".")
     sub.add_parser("bench", add_help=False,
                    help="benchmark harness (python -m benchmarks; gdn-verify bench --help)")
-    args = parser.parse_args(argv)
-    if args.command == "replay":
-        return replay_all(args.files, args.target, args.module)
-    if args.command == "merge-reports":
-        return merge_reports(args.files, args.report_dir)
-    if args.command == "mutants":
+    return parser
+
+
+def parse(argv: List[str]):
+    """(options as a dict, pytest args after --); SystemExit 2 with a message
+    for an option the command does not take."""
+    extra: List[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    command = args.get("command") or "run"
+    args["command"] = command
+    for name, commands in SHARED.items():
+        given = args.get(name) not in (None, False)
+        if given and command not in commands:
+            parser.error(f"--{name.replace('_', '-')} does not apply to `{command}` "
+                         f"(it applies to: {', '.join(commands)})")
+    if extra and command != "run":
+        parser.error(f"pytest arguments after -- apply only to `run`, not `{command}`")
+    return args, extra
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # every option belongs to the benchmark's own parser
+        from benchmarks.__main__ import main as bench_main
+        return bench_main(argv[1:])
+    args, extra = parse(argv)
+    command = args["command"]
+    if command == "list":
+        return list_command()
+    if command == "merge-reports":
+        return merge_reports(args["files"], args.get("report_dir") or ".")
+    # the suite's compile settings, for the processes `run` and `mutants`
+    # start (a replay restores the ones its file records)
+    from . import compile_settings
+    if command == "replay":
+        return replay_all(args["files"], args.get("target"), args.get("module"))
+    compile_settings.apply()
+    if command == "mutants":
         from .mutants.runner import main as mutants_main
         from .reports import parse_shard
-        shard = parse_shard(args.shard) if args.shard else None
-        return mutants_main(args.only, args.report_dir, args.examples, args.jobs, shard)
-    return run_suite(args.target, args.profile, extra)
+        shard = parse_shard(args["shard"]) if args.get("shard") else None
+        return mutants_main(args.get("only"), args.get("report_dir") or ".",
+                            args.get("examples"), args["jobs"], shard)
+    return run_suite(args, extra)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,11 @@
 """Counterexample files: the shrunk failing case of a property, written as
 counterexamples/<property>-<hash>.json, and replayed by
-`gdn-verify replay FILE [--target MODULE[:IMPL]]`."""
+`gdn-verify replay FILE [--target MODULE[:IMPL]]`.
+
+A file records what the failure was found under, so a replay runs the same
+programs: the target spec, the Pallas interpret mode, the environment that
+decides how XLA compiles (RECORDED_ENV: XLA_FLAGS among them), and the
+versions of jax, jaxlib, Hypothesis and Python."""
 
 from __future__ import annotations
 
@@ -16,13 +21,27 @@ from typing import Optional
 from strategies.cases import case_from_json, case_to_json
 
 DIRECTORY_ENV = "GDN_COUNTEREXAMPLES"
+# The environment a failure depends on: how Pallas kernels run, how XLA
+# compiles (flags, the suite's fast-compile opt-out), JAX's precision mode.
+RECORDED_ENV = ("GDN_INTERPRET", "XLA_FLAGS", "GDN_XLA_DEFAULTS", "JAX_ENABLE_X64",
+                "JAX_DEFAULT_MATMUL_PRECISION", "JAX_PLATFORMS")
 
 
 def directory() -> str:
     return os.environ.get(DIRECTORY_ENV, "counterexamples")
 
 
-def _versions() -> dict:
+def recorded_environment(environ=os.environ) -> dict:
+    """The RECORDED_ENV variables as set now (unset ones are None)."""
+    return {name: environ.get(name) for name in RECORDED_ENV}
+
+
+def _interpret_mode() -> str:
+    from gdn_kernels.interpret import resolved_mode
+    return resolved_mode()
+
+
+def versions() -> dict:
     import hypothesis
     import jax
     import jaxlib
@@ -52,7 +71,8 @@ def write(prop: str, case, target: str, profile: str, rows, table: str,
     record = {
         "property": prop, "case": case_json, "target": target, "profile": profile,
         "error_table": [r.to_json() for r in rows], "error_table_text": table,
-        "versions": _versions(), "git_commit": _git_commit(),
+        "interpret_mode": _interpret_mode(), "environment": recorded_environment(),
+        "versions": versions(), "git_commit": _git_commit(),
         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
     # written whole under a temporary name, then renamed: pytest-xdist

@@ -1,53 +1,107 @@
 """Glue between the registered properties and pytest/Hypothesis: the test
-generated for each property, per-property statistics for the summary, and
-the last failing case of each property for the counterexample file."""
+generated for each property, its verdict, per-property statistics for the
+summary, and the last failing case of each property for the counterexample
+file.
+
+A property's verdict on a target is one of
+  held           every example it checked held
+  FAILED         an example failed (a counterexample file is written)
+  not checkable  no example could be checked: the target does not declare
+                 what the property needs (or, with --gdn-strict, any example
+                 could not be checked: then it fails)
+  xfail          every failure is listed in the known-failures file
+  XPASS          a listed known failure did not fail: the run fails
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given, reject, settings
+from hypothesis.errors import Unsatisfiable
 
-from . import runners
-from .registry import Property, PropertyFailure, load_all
-from .tolerance import NOT_CHECKABLE, TensorError
+from . import known_failures, runners
+from .registry import (Property, PropertyFailure, is_not_checkable, load_all,
+                       not_checkable_row)
+from .tolerance import TensorError
 
 MARKER = "gdn_property"
+
+HELD, FAILED, NOT_CHECKABLE, XFAIL, XPASS = "held", "FAILED", "not checkable", "xfail", "XPASS"
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """How verdicts are reached in this session (set by the plugin)."""
+    strict: bool = False                     # --gdn-strict: not checkable fails
+    known: Tuple[known_failures.KnownFailure, ...] = ()
+
+
+OPTIONS = RunOptions()
 
 
 @dataclasses.dataclass
 class PropertyStats:
-    examples: int = 0
+    examples: int = 0             # examples the target ran on
     failures: int = 0
     seconds: float = 0.0
     compiles: int = 0
     compile_s: float = 0.0        # of seconds: tracing, lowering and compiling new programs
     first_failure_at: int = 0     # 1-based example index of the first failure
-    not_checkable: int = 0        # examples whose check could not resolve the question
+    not_checkable: int = 0        # examples that could not be checked (declared or numeric)
+    known_failures: int = 0       # failing examples covered by the known-failures file
+    verdict: str = ""
+    reasons: Dict[str, int] = dataclasses.field(default_factory=dict)   # not checkable: why
     worst: Dict[str, TensorError] = dataclasses.field(default_factory=dict)
+
+    @property
+    def checked(self) -> int:
+        """Examples whose check resolved the question."""
+        return max(0, self.examples - self.unresolved)
+
+    unresolved: int = 0           # examples the target ran on whose check could not resolve
 
 
 STATS: Dict[str, PropertyStats] = {}
 LAST_FAILURE: Dict[str, tuple] = {}
+KNOWN_HITS: Dict[str, set] = {}   # property id -> labels of known failures that failed
+
+
+def _add_reason(stats: PropertyStats, reason: str) -> None:
+    stats.not_checkable += 1
+    stats.reasons[reason] = stats.reasons.get(reason, 0) + 1
 
 
 def check_property(name: str, target, case, record: bool = True) -> List[TensorError]:
     """Run one property on one case, recording statistics (record=False: the
-    meta-tests' runs on wrong targets stay out of the summary); on failure
-    keep (case, target, rows) as the property's latest failing example (after
-    shrinking, Hypothesis replays the minimal one last)."""
+    meta-tests' runs on wrong targets stay out of the summary, and the
+    known-failures file does not apply); on failure keep (case, target,
+    rows) as the property's latest failing example (after shrinking,
+    Hypothesis replays the minimal one last). A case the target does not
+    declare support for is one not-checkable row; the target is not run."""
     stats = STATS.setdefault(name, PropertyStats()) if record else PropertyStats()
+    prop = load_all()[name]
+    reason = prop.not_checkable(target, case)
+    if reason:
+        _add_reason(stats, reason)
+        return [not_checkable_row(name, reason)]
     c0, s0, t0 = runners.compile_count(), runners.compile_seconds(), time.perf_counter()
     try:
-        rows = load_all()[name].run(target, case)
+        rows = prop.run(target, case)
     except PropertyFailure as err:
+        failing = [r for r in err.rows if not r.passed]
+        covered = known_failures.covering(OPTIONS.known, name, failing) if record else None
+        _update_worst(stats, err.rows)
+        if covered:
+            stats.known_failures += 1
+            KNOWN_HITS.setdefault(name, set()).update(e.label for e in covered)
+            return err.rows
         stats.failures += 1
         stats.first_failure_at = stats.first_failure_at or stats.examples + 1
         LAST_FAILURE[name] = (case, target, err.rows)
-        _update_worst(stats, err.rows)
         raise
     except Exception:
         stats.failures += 1
@@ -61,7 +115,10 @@ def check_property(name: str, target, case, record: bool = True) -> List[TensorE
         stats.compiles += runners.compile_count() - c0
         stats.compile_s += runners.compile_seconds() - s0
     _update_worst(stats, rows)
-    stats.not_checkable += any(r.note.startswith(NOT_CHECKABLE) for r in rows)
+    unresolved = [r for r in rows if is_not_checkable(r)]
+    if unresolved:
+        stats.unresolved += 1
+        _add_reason(stats, unresolved[0].note.split(";")[0].split(": ", 1)[-1])
     return rows
 
 
@@ -80,31 +137,112 @@ def examples(weight: float):
     return settings(max_examples=max(1, int(round(base * weight))))
 
 
+def _reasons_text(stats: PropertyStats) -> str:
+    return "; ".join(f"{why} ({n} example{'s' if n > 1 else ''})"
+                     for why, n in sorted(stats.reasons.items(), key=lambda kv: -kv[1]))
+
+
+def conclude_test(p: Property, stats: PropertyStats) -> None:
+    """The pytest outcome of a property's test once its examples ran without
+    an unknown failure: skip (not checkable), fail (--gdn-strict with any
+    example not checkable; a stale known failure), xfail, or pass."""
+    listed = {e.label for e in OPTIONS.known if e.property == p.id}
+    stale = sorted(listed - KNOWN_HITS.get(p.id, set()))
+    if stale:
+        stats.verdict = XPASS
+        pytest.fail(f"[XPASS(strict)] {p.id}: known failure(s) {stale} did not fail in "
+                    f"{stats.examples} example(s): remove them from the known-failures file",
+                    pytrace=False)
+    if stats.not_checkable and (OPTIONS.strict or not stats.checked):
+        stats.verdict = NOT_CHECKABLE
+        message = f"{NOT_CHECKABLE}: {_reasons_text(stats)}"
+        if OPTIONS.strict:
+            pytest.fail(f"--gdn-strict: {p.id}: {message}", pytrace=False)
+        if not stats.known_failures:
+            pytest.skip(message)
+    if stats.known_failures:
+        stats.verdict = XFAIL
+        pytest.xfail(f"known failure(s) {sorted(KNOWN_HITS[p.id])}: "
+                     f"{stats.known_failures} example(s)")
+    stats.verdict = HELD
+
+
 def hypothesis_test(p: Property):
-    """The pytest test of one property: @given its strategy, its explicit
-    examples first, its share of the profile's example budget, marked
+    """The pytest test of one property: its explicit examples first, then
+    its strategy's within its share of the profile's example budget; a case
+    the target cannot take is rejected (Hypothesis draws another); marked
     gdn_property(<id>) for selection by id (--gdn-properties)."""
-    def test(gdn_target, case):
-        check_property(p.id, gdn_target, case)
+    def one_example(gdn_target, case):
+        rows = check_property(p.id, gdn_target, case)
+        if len(rows) == 1 and is_not_checkable(rows[0]) and rows[0].name == p.id:
+            reject()                               # declared unsupported: not run
+
+    # Hypothesis keys its example database by the test's source: the
+    # generated tests share one, so the property id is added to the key.
+    one_example._hypothesis_internal_add_digest = p.id.encode()
+    given_test = given(case=p.strategy)(one_example)
+    for case in reversed(p.examples):
+        given_test = example(case=case)(given_test)
+    given_test = examples(p.weight)(given_test)
+
+    def test(gdn_target):
+        stats = STATS.setdefault(p.id, PropertyStats())
+        reason = p.not_checkable(gdn_target)
+        if reason:
+            _add_reason(stats, reason)
+        else:
+            try:
+                given_test(gdn_target)
+            except PropertyFailure:
+                stats.verdict = FAILED
+                raise
+            except Unsatisfiable:
+                pass                                # every drawn case was not checkable
+            except BaseException as err:
+                if isinstance(err, Exception):
+                    stats.verdict = FAILED
+                raise
+        conclude_test(p, stats)
 
     test.__name__ = test.__qualname__ = f"test_{p.id}"
     test.__doc__ = p.doc
-    # Hypothesis keys its example database by the test's source: the
-    # generated tests share one, so the property id is added to the key.
-    test._hypothesis_internal_add_digest = p.id.encode()
-    wrapped = given(case=p.strategy)(test)
-    for case in reversed(p.examples):
-        wrapped = example(case=case)(wrapped)
-    return getattr(pytest.mark, MARKER)(p.id)(examples(p.weight)(wrapped))
+    return getattr(pytest.mark, MARKER)(p.id)(test)
+
+
+def verdict_of(p: Property, target, cases) -> Tuple[str, PropertyStats]:
+    """The verdict of p on target over these cases, as the generated test
+    would reach it (for meta-tests): (verdict, stats). Nothing is recorded."""
+    stats = PropertyStats()
+    reason = p.not_checkable(target)
+    if reason:
+        _add_reason(stats, reason)
+        return NOT_CHECKABLE, stats
+    for case in cases:
+        case_reason = p.not_checkable(target, case)
+        if case_reason:
+            _add_reason(stats, case_reason)
+            continue
+        try:
+            rows = p.run(target, case)
+        except PropertyFailure:
+            return FAILED, stats
+        stats.examples += 1
+        if any(is_not_checkable(r) for r in rows):
+            stats.unresolved += 1
+            stats.not_checkable += 1
+    return (NOT_CHECKABLE if stats.not_checkable and not stats.checked else HELD), stats
 
 
 def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
     """Per-property statistics as plain JSON (for the mutation runner, and
-    from pytest-xdist workers to the controller): counts, and the worst row
-    of each tensor."""
+    from pytest-xdist workers to the controller): counts, verdict, reasons
+    not checkable, and the worst row of each tensor."""
     return {name: {"examples": st.examples, "failures": st.failures,
                    "first_failure_at": st.first_failure_at, "seconds": st.seconds,
-                   "compiles": st.compiles, "compile_s": st.compile_s, "not_checkable": st.not_checkable,
+                   "compiles": st.compiles, "compile_s": st.compile_s,
+                   "not_checkable": st.not_checkable, "unresolved": st.unresolved,
+                   "known_failures": st.known_failures, "verdict": st.verdict,
+                   "reasons": dict(st.reasons),
                    "worst": [dataclasses.asdict(r) for r in st.worst.values()]}
             for name, st in (STATS if stats is None else stats).items()}
 
@@ -112,8 +250,9 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
 def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = None) -> None:
     """Add one process's stats_json() into `into` (default: this process's
     STATS); a property whose examples ran in several processes sums its
-    counts and keeps the worst rows."""
+    counts and keeps the worst rows (and the worse verdict)."""
     into = STATS if into is None else into
+    order = ("", HELD, NOT_CHECKABLE, XFAIL, XPASS, FAILED)
     for name, d in stats.items():
         st = into.setdefault(name, PropertyStats())
         if d["first_failure_at"] and not st.first_failure_at:
@@ -124,4 +263,11 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         st.compiles += d["compiles"]
         st.compile_s += d.get("compile_s", 0.0)
         st.not_checkable += d["not_checkable"]
+        st.unresolved += d.get("unresolved", 0)
+        st.known_failures += d.get("known_failures", 0)
+        for why, n in d.get("reasons", {}).items():
+            st.reasons[why] = st.reasons.get(why, 0) + n
+        verdict = d.get("verdict", "")
+        if order.index(verdict if verdict in order else "") > order.index(st.verdict):
+            st.verdict = verdict
         _update_worst(st, [TensorError(**r) for r in d.get("worst", ())])

@@ -1,63 +1,259 @@
-"""The pytest plugin of the suite (loaded by the repo's conftest.py and by
-`gdn-verify`): --gdn-target, --gdn-properties (select properties by id),
-the header, counterexample files, and the per-property summary table."""
+"""The suite's pytest plugin, installed under the `pytest11` entry point
+`gdn_verify`.
+
+Inert unless asked for: in a test session that names no target it adds its
+command-line options and nothing else (no environment, XLA flag or
+Hypothesis profile change, no test of ours collected). It becomes active
+with a target, from (first found)
+
+  --gdn-target MODULE[:IMPL][@AXIS=N,...]   the GDN_TARGET environment variable
+  gdn_target = ...                          in the pytest ini file (this repository's
+                                            pyproject.toml: gdn_kernels:pallas)
+
+and then runs the suite on it from any directory: the invocation directory
+is importable (as under `python -m pytest`), the suite's compile settings
+and Hypothesis profiles apply, and with no test paths given the suite's
+tests are collected: the properties for any target, plus this
+repository's self-tests for gdn_kernels targets (--gdn-scope). A target
+that cannot be imported or resolved is a usage error (exit 4).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 
-from . import compile_settings
+import pytest
 
-# before this process's first XLA computation (see compile_settings)
-COMPILE_SETTINGS = compile_settings.apply()
-
-import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
-
-from . import counterexamples, harness, registry, reports, runners  # noqa: E402
-from .profiles import register_profiles, selected_profile
-from .targets import ENV_VAR as TARGET_ENV
-from .targets import Target
-from .tolerance import NEAR_ZERO
-
-register_profiles()
-settings.load_profile(selected_profile())
-
-_START = {"t": time.perf_counter(), "compiles": 0}
-# XLA compiles reported by pytest-xdist workers (the controller runs no check).
-_WORKERS = {"compiles": 0}
-# Seconds of every test (setup + call + teardown) by node id; under xdist the
-# controller receives each worker's reports, so this covers the whole run.
-TEST_SECONDS: dict = {}
+TARGET_OPTION, TARGET_INI, TARGET_ENV = "--gdn-target", "gdn_target", "GDN_TARGET"
+SCOPES = ("properties", "all")
+SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
+PROPERTY_TESTS = os.path.join(SUITE_DIR, "test_properties.py")
+STATS_KEY = "gdn_property_stats"
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("gdn-verify")
-    group.addoption("--gdn-target", default=None,
-                    help=f"MODULE[:IMPL] under test (env {TARGET_ENV}; default "
-                         "gdn_kernels:pallas)")
+    group = parser.getgroup("gdn-verify", "GDN kernel verification (active with a target)")
+    group.addoption(TARGET_OPTION, default=None, metavar="MODULE[:IMPL]",
+                    help=f"verify this kernel module (env {TARGET_ENV}; ini {TARGET_INI}); "
+                         "without a target the plugin does nothing")
     group.addoption("--gdn-properties", default=None, metavar="ID[,ID...]",
                     help="run only these registered properties (by id; 'all' = every "
-                         f"property, no other test; '{registry.SHARDED_SUBSET}' = those "
-                         "declared on_sharded_target)")
+                         "property, no other test; 'sharded-subset' = those declared "
+                         "on_sharded_target)")
+    group.addoption("--gdn-scope", default=None, choices=SCOPES,
+                    help="what runs: the properties, or all tests including this "
+                         "repository's self-tests (default: all for gdn_kernels targets, "
+                         "properties for any other)")
+    group.addoption("--gdn-strict", action="store_true", default=False,
+                    help="a property that cannot check an example on the target fails "
+                         "instead of reporting 'not checkable'")
+    group.addoption("--gdn-known-failures", default=None, metavar="FILE",
+                    help="known failures of a partial implementation (property | tensor "
+                         "| reason a line): XFAIL; one that passes is XPASS and fails")
+    group.addoption("--gdn-examples", default=None, type=int, metavar="N",
+                    help="examples per property (before its weight) instead of the "
+                         "profile's")
     group.addoption("--gdn-shard", default=None, metavar="I/N",
                     help="run only shard I of N (1-based) of the selected tests: a stable "
                          "split by test id, for CI jobs whose reports `gdn-verify "
                          "merge-reports` joins")
+    parser.addini(TARGET_INI, "the kernel module the gdn-verify suite runs on "
+                              "(activates the suite)", default=None)
 
 
+def requested_target(config):
+    """The target spec this session asks for, or None (the plugin stays inert)."""
+    return (config.getoption(TARGET_OPTION, default=None) or os.environ.get(TARGET_ENV)
+            or config.getini(TARGET_INI) or None)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    spec = config.getoption("--gdn-target", default=None)
+    spec = requested_target(config)
     if spec:
-        os.environ[TARGET_ENV] = spec
-    _START["t"], _START["compiles"] = time.perf_counter(), runners.compile_count()
-    config.addinivalue_line("markers", f"{harness.MARKER}(id): the test of registered "
-                                       "property <id> (verification/registry.py)")
+        from . import fixtures
+        config.pluginmanager.register(Suite(config, spec), "gdn_verify_suite")
+        config.pluginmanager.register(fixtures, "gdn_verify_fixtures")
+
+
+def _importable_invocation_dir(config) -> None:
+    """The invocation directory on sys.path, as `python -m pytest` has it."""
+    here = str(config.invocation_params.dir)
+    if here not in sys.path and os.path.abspath(here) not in map(os.path.abspath, sys.path):
+        sys.path.insert(0, here)
+
+
+class Suite:
+    """The active suite: its target, profile, options and the run's hooks."""
+
+    def __init__(self, config, spec: str):
+        from . import compile_settings
+        # before this process's first XLA computation (see compile_settings)
+        self.compile_settings = compile_settings.apply()
+        _importable_invocation_dir(config)
+        from .targets import Target, TargetError
+        try:
+            self.target = Target.parse(spec)
+        except TargetError as err:
+            raise pytest.UsageError(str(err)) from None
+        os.environ[TARGET_ENV] = self.target.spec      # workers, mesh workers, replays
+        from . import harness, registry
+        from .profiles import register_profiles, selected_profile
+        from hypothesis import settings
+        register_profiles(examples=config.getoption("--gdn-examples"))
+        settings.load_profile(selected_profile())
+        self.config = config
+        self.scope = config.getoption("--gdn-scope") or (
+            "all" if self.target.is_ours else "properties")
+        harness.OPTIONS.strict = bool(config.getoption("--gdn-strict"))
+        known = config.getoption("--gdn-known-failures")
+        if known:
+            from . import known_failures
+            try:
+                harness.OPTIONS.known = known_failures.load(known, registry.load_all())
+            except ValueError as err:
+                raise pytest.UsageError(str(err)) from None
+        if config.args_source != pytest.Config.ArgsSource.ARGS:
+            config.args[:] = [SUITE_DIR if self.scope == "all" else PROPERTY_TESTS]
+        self.start, self.compiles0 = time.perf_counter(), self._compiles()
+        self.worker_compiles = 0
+        self.test_seconds: dict = {}
+        config.addinivalue_line("markers", f"{harness.MARKER}(id): the test of registered "
+                                           "property <id> (verification/registry.py)")
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _compiles() -> int:
+        from . import runners
+        return runners.compile_count()
+
+    def profile_name(self) -> str:
+        from hypothesis import settings
+        from .profiles import selected_profile
+        return settings.get_current_profile_name() or selected_profile()
+
+    # ------------------------------------------------------------ collection
+    def pytest_report_header(self, config):
+        from hypothesis import settings
+        s = settings()
+        return [f"gdn-verify: target={self.target.spec} profile={self.profile_name()} "
+                f"max_examples={s.max_examples} derandomize={s.derandomize} "
+                f"scope={self.scope}" + (" strict" if self._strict() else ""),
+                f"gdn-verify: {self.compile_settings}"]
+
+    def _strict(self) -> bool:
+        from . import harness
+        return harness.OPTIONS.strict
+
+    def pytest_collection_modifyitems(self, config, items):
+        from . import harness, reports
+        if self.scope == "properties":
+            _keep(config, items, [i for i in items if i.get_closest_marker(harness.MARKER)])
+        _select_properties(config, items)
+        shard = config.getoption("--gdn-shard", default=None)
+        if shard:
+            try:
+                i, n = reports.parse_shard(shard)
+            except ValueError as err:
+                raise pytest.UsageError(f"--gdn-shard: {err}") from None
+            mine = set(reports.shard_of(sorted(item.nodeid for item in items), (i, n)))
+            _keep(config, items, [item for item in items if item.nodeid in mine])
+
+    # ------------------------------------------------------------ running
+    def pytest_runtest_setup(self, item):
+        from . import harness
+        harness.LAST_FAILURE.clear()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        from . import harness
+        outcome = yield
+        report = outcome.get_result()
+        if report.when != "call":
+            return
+        mark = item.get_closest_marker(harness.MARKER)
+        if mark is not None and mark.args[0] in harness.STATS:
+            one = harness.stats_json({mark.args[0]: harness.STATS[mark.args[0]]})
+            report.user_properties.append((STATS_KEY, json.dumps(one)))
+        if report.failed:
+            self._write_counterexamples(report)
+
+    def _write_counterexamples(self, report) -> None:
+        from . import counterexamples, harness
+        from .tolerance import format_table
+        for prop, (case, target, rows) in list(harness.LAST_FAILURE.items()):
+            table = format_table(rows) if rows else "(no error table: the check raised)"
+            path = counterexamples.write(prop, case, target.spec, self.profile_name(), rows,
+                                         table)
+            report.sections.append(("gdn-verify counterexample",
+                                    f"shrunk case written to {path}\nreplay: "
+                                    f"{counterexamples.replay_command(path)}\n{table}"))
+        harness.LAST_FAILURE.clear()
+
+    def pytest_runtest_logreport(self, report):
+        from . import harness
+        self.test_seconds[report.nodeid] = (self.test_seconds.get(report.nodeid, 0.0)
+                                            + report.duration)
+        payload = dict(report.user_properties).get(STATS_KEY)
+        if payload is None:
+            return
+        data = json.loads(payload)
+        if getattr(report, "node", None) is not None:     # from a pytest-xdist worker
+            harness.merge_stats_json(data)
+        name, st = next(iter(data.items()))
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line(f"gdn-verify: {progress_line(name, st)}")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        """pytest-xdist controller: add a finished worker's XLA compiles."""
+        payload = getattr(node, "workeroutput", {}).get("gdn_compiles")
+        if payload:
+            self.worker_compiles += int(payload)
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        from . import harness
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:          # a pytest-xdist worker: report to the controller
+            workeroutput["gdn_compiles"] = str(self._compiles() - self.compiles0)
+            return
+        path = os.environ.get("GDN_STATS_FILE")
+        if path:
+            with open(path, "w") as f:
+                json.dump({"exitstatus": int(exitstatus), "target": self.target.spec,
+                           "profile": self.profile_name(),
+                           "properties": harness.stats_json(),
+                           "compiles": self.total_compiles(),
+                           "test_seconds": self.test_seconds}, f)
+
+    def total_compiles(self) -> int:
+        return self._compiles() - self.compiles0 + self.worker_compiles
+
+    def pytest_terminal_summary(self, terminalreporter):
+        from . import harness
+        if not harness.STATS:
+            return
+        terminalreporter.section("gdn-verify summary")
+        for line in summary_lines(self):
+            terminalreporter.write_line(line)
+
+
+def _keep(config, items, keep):
+    """Deselect every item not in keep (order kept)."""
+    keep_ids = {id(item) for item in keep}
+    drop = [item for item in items if id(item) not in keep_ids]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = [item for item in items if id(item) in keep_ids]
 
 
 def selected_ids(option: str):
     """The property ids of a --gdn-properties value (UsageError if unknown)."""
+    from . import registry
     ids = [i.strip() for i in option.split(",") if i.strip()]
     every = registry.load_all()
     if ids == ["all"]:
@@ -70,83 +266,25 @@ def selected_ids(option: str):
         raise pytest.UsageError(f"--gdn-properties: {err}") from None
 
 
-def _keep(config, items, keep):
-    """Deselect every item not in keep (order kept)."""
-    drop = [item for item in items if item not in keep]
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-    items[:] = [item for item in items if item in keep]
-
-
-def pytest_collection_modifyitems(config, items):
-    _select_properties(config, items)
-    shard = config.getoption("--gdn-shard", default=None)
-    if shard:
-        try:
-            i, n = reports.parse_shard(shard)
-        except ValueError as err:
-            raise pytest.UsageError(f"--gdn-shard: {err}") from None
-        mine = set(reports.shard_of(sorted(item.nodeid for item in items), (i, n)))
-        _keep(config, items, [item for item in items if item.nodeid in mine])
-
-
 def _select_properties(config, items):
+    from . import harness
     option = config.getoption("--gdn-properties", default=None)
     if not option:
         return
     wanted = set(selected_ids(option))
-    keep, drop = [], []
-    for item in items:
-        mark = item.get_closest_marker(harness.MARKER)
-        (keep if mark is not None and mark.args[0] in wanted else drop).append(item)
+    keep = [i for i in items
+            if (m := i.get_closest_marker(harness.MARKER)) is not None and m.args[0] in wanted]
     missing = wanted - {i.get_closest_marker(harness.MARKER).args[0] for i in keep}
     if missing:
         raise pytest.UsageError(f"--gdn-properties: no test collected for {sorted(missing)}")
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-    items[:] = keep
+    _keep(config, items, keep)
 
 
-def _profile_name() -> str:
-    return settings._current_profile or selected_profile()
-
-
-def pytest_report_header(config):
-    s = settings()
-    return [f"gdn-verify: target={Target.parse().spec} profile={_profile_name()} "
-            f"max_examples={s.max_examples} derandomize={s.derandomize}",
-            f"gdn-verify: {COMPILE_SETTINGS}"]
-
-
-@pytest.fixture(scope="session")
-def gdn_target() -> Target:
-    """The implementation under test (--gdn-target / GDN_TARGET)."""
-    return Target.parse()
-
-
-def pytest_runtest_setup(item):
-    harness.LAST_FAILURE.clear()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if report.when != "call" or not report.failed:
-        return
-    for prop, (case, target, rows) in list(harness.LAST_FAILURE.items()):
-        from .tolerance import format_table
-        table = format_table(rows) if rows else "(no error table: the check raised)"
-        path = counterexamples.write(prop, case, target.spec, _profile_name(), rows, table)
-        report.sections.append(("gdn-verify counterexample",
-                                f"shrunk case written to {path}\nreplay: "
-                                f"{counterexamples.replay_command(path)}\n{table}"))
-    harness.LAST_FAILURE.clear()
-
-
+# ---------------------------------------------------------------- the report
 def _worst_text(row) -> str:
     """The worst row as the verdict judged it: relative and absolute error,
     or the absolute error alone for a row judged by the near-zero floor."""
+    from .tolerance import NEAR_ZERO
     if not row.bound_rel and not row.bound_abs:
         return "all exact/structural checks"
     if row.note == NEAR_ZERO:
@@ -156,68 +294,68 @@ def _worst_text(row) -> str:
     return f"{row.name}: {measure}, ratio {row.ratio:.2f}"
 
 
-def summary_lines():
+def _worst_row(st):
+    """The worst row of a property's statistics (PropertyStats or its JSON)."""
+    from .tolerance import TensorError
+    rows = ([TensorError(**r) for r in st["worst"]] if isinstance(st, dict)
+            else list(st.worst.values()))
+    return max(rows, key=lambda r: r.ratio, default=None)
+
+
+def progress_line(name: str, st: dict) -> str:
+    """One line per finished property: verdict, examples, worst ratio, time."""
+    worst = _worst_row(st)
+    ratio = f", worst ratio {worst.ratio:.2f} ({worst.name})" if worst and worst.bound_rel else ""
+    nc = f", {st['not_checkable']} not checkable" if st["not_checkable"] else ""
+    return (f"{name}: {st['verdict'] or '?'}: {st['examples'] - st.get('unresolved', 0)} "
+            f"example(s) checked{nc}{ratio} [{st['seconds']:.0f} s]")
+
+
+def summary_lines(suite: Suite):
+    from . import harness
+    from .reports import projection_line
     lines = []
-    head = (f"{'property':<42}{'examples':>9}{'fail':>5}{'compiles':>9}{'compile s':>10}"
-            f"{'time s':>8}  worst tensor (error/bound)")
+    head = (f"{'property':<42}{'verdict':>14}{'examples':>9}{'n/c':>5}{'fail':>5}"
+            f"{'compiles':>9}{'ex/comp':>8}{'time s':>8}  worst tensor (error/bound)")
     lines.append(head)
     lines.append("-" * (len(head) + 10))
-    total_ex = 0
     for name in sorted(harness.STATS):
         st = harness.STATS[name]
-        total_ex += st.examples
-        worst = sorted(st.worst.values(), key=lambda r: -r.ratio)[:1]
-        w = _worst_text(worst[0]) if worst else "-"
-        if st.not_checkable:
-            w += f"; {st.not_checkable} example(s) not checkable (see the rows' notes)"
-        lines.append(f"{name:<42}{st.examples:>9}{st.failures:>5}{st.compiles:>9}"
-                     f"{st.compile_s:>10.1f}{st.seconds:>8.1f}  {w}")
-    from .reports import projection_line
-    lines.append(projection_line(list(TEST_SECONDS.values()), "test-session"))
-    lines.append(f"total: {total_ex} examples, {_compiles_here() + _WORKERS['compiles']} "
-                 f"XLA compiles, {time.perf_counter() - _START['t']:.0f} s; "
-                 f"target {Target.parse().spec}, profile {_profile_name()}")
+        worst = _worst_row(st)
+        w = _worst_text(worst) if worst else "-"
+        if st.reasons:
+            w += f"; not checkable: {harness._reasons_text(st)}"
+        per = f"{st.examples / st.compiles:.1f}" if st.compiles else "-"
+        lines.append(f"{name:<42}{st.verdict or '-':>14}{st.examples:>9}{st.not_checkable:>5}"
+                     f"{st.failures:>5}{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
+    lines.append(projection_line(list(suite.test_seconds.values()), "test-session"))
+    lines += verdict_lines(suite, harness.STATS)
     return lines
 
 
-def _compiles_here() -> int:
-    return runners.compile_count() - _START["compiles"]
-
-
-def pytest_sessionfinish(session, exitstatus):
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:          # a pytest-xdist worker: report to the controller
-        import json
-        workeroutput["gdn_stats"] = json.dumps({"properties": harness.stats_json(),
-                                                "compiles": _compiles_here()})
-    path = os.environ.get("GDN_STATS_FILE")
-    if path and workeroutput is None:     # the controller (or a serial run) writes it
-        import json
-        with open(path, "w") as f:
-            json.dump({"exitstatus": int(exitstatus), "properties": harness.stats_json(),
-                       "compiles": _compiles_here() + _WORKERS["compiles"],
-                       "test_seconds": TEST_SECONDS}, f)
-
-
-def pytest_runtest_logreport(report):
-    TEST_SECONDS[report.nodeid] = TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error):
-    """pytest-xdist controller: merge a finished worker's statistics, so the
-    summary is one table over every worker."""
-    import json
-    payload = getattr(node, "workeroutput", {}).get("gdn_stats")
-    if payload:
-        data = json.loads(payload)
-        harness.merge_stats_json(data["properties"])
-        _WORKERS["compiles"] += data["compiles"]
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not harness.STATS:
-        return
-    terminalreporter.section("gdn-verify summary")
-    for line in summary_lines():
-        terminalreporter.write_line(line)
+def verdict_lines(suite: Suite, stats) -> list:
+    """The summary's last lines: what was verified, on what, said plainly."""
+    from . import harness
+    by = {}
+    for name, st in stats.items():
+        by.setdefault(st.verdict or "-", []).append(name)
+    examples = sum(st.checked for st in stats.values())
+    compiles = suite.total_compiles()
+    lines = [f"target {suite.target.spec} (profile {suite.profile_name()}, scope "
+             f"{suite.scope}): {len(stats)} properties, {examples} examples checked, "
+             f"{compiles} XLA compiles"
+             + (f" ({examples / compiles:.2f} examples per compile)" if compiles else "")
+             + f", {time.perf_counter() - suite.start:.0f} s"]
+    held = by.get(harness.HELD, [])
+    lines.append(f"  held on the target: {len(held)} properties")
+    nc = by.get(harness.NOT_CHECKABLE, [])
+    partly = sum(st.not_checkable for n, st in stats.items() if n not in nc)
+    lines.append(f"  not checkable: {len(nc)} properties"
+                 + (f" ({', '.join(sorted(nc))})" if nc else "")
+                 + (f"; {partly} further example(s) not checkable" if partly else ""))
+    for verdict in (harness.XFAIL, harness.XPASS, harness.FAILED):
+        names = by.get(verdict, [])
+        if names or verdict == harness.FAILED:
+            lines.append(f"  {verdict}: {len(names)}" + (f" ({', '.join(sorted(names))})"
+                                                        if names else ""))
+    return lines

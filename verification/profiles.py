@@ -22,6 +22,7 @@ Selected by --hypothesis-profile NAME or the GDN_PROFILE environment variable.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -39,8 +40,10 @@ EXAMPLES = {"dev": 8, "ci": int(os.environ.get("GDN_CI_EXAMPLES", "40")),
             "nightly": 400, "repro": 0}
 EXAMPLES["kill"] = EXAMPLES["ci"]
 
+# filter_too_much: a case the target does not declare support for is
+# rejected (verification/harness.py), which may be most of a strategy's cases.
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large,
-             HealthCheck.function_scoped_fixture]
+             HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much]
 
 
 def local_database_dir() -> str:
@@ -54,9 +57,12 @@ def dev_database():
     return database_for_dev(DirectoryBasedExampleDatabase(local_database_dir()))
 
 
-def register_profiles() -> None:
+def register_profiles(examples: Optional[int] = None) -> None:
+    """Register the profiles; examples (--gdn-examples) replaces every
+    profile's examples per property."""
+    count = (lambda name: examples) if examples else EXAMPLES.get
     settings.register_profile(
-        "dev", max_examples=EXAMPLES["dev"], deadline=None,
+        "dev", max_examples=count("dev"), deadline=None,
         suppress_health_check=_SUPPRESS, database=dev_database(),
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink, Phase.explain])
     # Hypothesis refuses derandomize=True together with a database: where the
@@ -65,12 +71,12 @@ def register_profiles() -> None:
     ci_db = (DirectoryBasedExampleDatabase(os.environ["GDN_HYPOTHESIS_DB"])
              if os.environ.get("GDN_HYPOTHESIS_DB") else None)
     settings.register_profile(
-        "ci", max_examples=EXAMPLES["ci"], deadline=None, derandomize=ci_db is None,
+        "ci", max_examples=count("ci"), deadline=None, derandomize=ci_db is None,
         print_blob=True, database=ci_db, suppress_health_check=_SUPPRESS,
         phases=[Phase.explicit] + ([Phase.reuse] if ci_db else [])
         + [Phase.generate, Phase.shrink])
     settings.register_profile(
-        "nightly", max_examples=EXAMPLES["nightly"], deadline=None,
+        "nightly", max_examples=count("nightly"), deadline=None,
         suppress_health_check=_SUPPRESS, print_blob=True,
         database=DirectoryBasedExampleDatabase(local_database_dir()),
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target,
@@ -80,7 +86,7 @@ def register_profiles() -> None:
         database=DirectoryBasedExampleDatabase(local_database_dir()),
         phases=[Phase.explicit, Phase.reuse])
     settings.register_profile(
-        "kill", max_examples=EXAMPLES["kill"], deadline=None, derandomize=True,
+        "kill", max_examples=count("kill"), deadline=None, derandomize=True,
         database=None, suppress_health_check=_SUPPRESS,
         phases=[Phase.explicit, Phase.generate])
 

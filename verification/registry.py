@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Dict, List, Mapping, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from hypothesis import strategies as st
 from hypothesis import target as hypothesis_target
 
-from .tolerance import TensorError, format_table, worst
+from .declaration import case_needs, check_needs
+from .tolerance import NOT_CHECKABLE, TensorError, format_table, worst
 
 FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "state", "sharding",
             "stability", "bad_input")
@@ -58,6 +59,11 @@ class Property:
                   process it runs in a mesh worker (verification/mesh_worker.py)
     on_sharded_target: part of the declared subset `.ci/run` runs against
                   a sharded target (SHARDED_SUBSET)
+    needs:        what the property asks of every target beyond what each
+                  case asks (verification/declaration.py NEEDS keys, or
+                  "chunk_size:<n>"); unmet: the property is not checkable
+    case_needs:   case -> what that case asks of the target (default: its
+                  op, dtype, chunk size, GVA, packing, initial state)
     """
     id: str
     family: str
@@ -69,17 +75,37 @@ class Property:
     covers: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
     devices: int = 1
     on_sharded_target: bool = False
+    needs: Tuple[str, ...] = ()
+    case_needs: Callable = case_needs
 
     @property
     def doc(self) -> str:
         return (self.check.__doc__ or "").strip().splitlines()[0]
 
+    def not_checkable(self, target, case=None) -> Optional[str]:
+        """Why this property cannot be checked on target (on this case), or None."""
+        return target.not_checkable(self.needs + (self.case_needs(case) if case is not None
+                                                  else ()))
+
     def run(self, target, case) -> List[TensorError]:
         """Check one case (tiled to a sharded target's mesh, in a mesh worker
         when this process lacks the devices): the rows, or PropertyFailure
-        when a row fails."""
+        when a row fails. A case the target cannot take is one not-checkable
+        row; the target is not called."""
         from . import mesh_worker
+        reason = self.not_checkable(target, case)
+        if reason:
+            return [not_checkable_row(self.id, reason)]
         return conclude(self.id, mesh_worker.check(self, target, case))
+
+
+def not_checkable_row(name: str, reason: str) -> TensorError:
+    """The row of a check that could not be made: never a pass (harness)."""
+    return TensorError(name, 0.0, 0.0, 0.0, 0.0, True, f"{NOT_CHECKABLE}: {reason}")
+
+
+def is_not_checkable(row: TensorError) -> bool:
+    return row.note.startswith(NOT_CHECKABLE)
 
 
 PROPERTIES: Dict[str, Property] = {}
@@ -87,17 +113,20 @@ PROPERTIES: Dict[str, Property] = {}
 
 def prop(prop_id: str, *, family: str, strategy: st.SearchStrategy, wrong_target: str,
          weight: float = 1.0, examples: Tuple = (), covers: Mapping[str, Callable] = None,
-         devices: int = 1, on_sharded_target: bool = False):
+         devices: int = 1, on_sharded_target: bool = False, needs: Tuple[str, ...] = (),
+         needs_of_case: Callable = case_needs):
     """Register the decorated check function as property `prop_id`."""
     if family not in FAMILIES:
         raise ValueError(f"property {prop_id}: unknown family {family!r}")
+    check_needs([n for n in needs if ":" not in n])
 
     def deco(check):
         if prop_id in PROPERTIES:
             raise ValueError(f"property {prop_id} declared twice")
         PROPERTIES[prop_id] = Property(prop_id, family, check, strategy, weight,
                                        wrong_target, tuple(examples), dict(covers or {}),
-                                       devices, on_sharded_target)
+                                       devices, on_sharded_target, tuple(needs),
+                                       needs_of_case)
         return check
     return deco
 

@@ -1,7 +1,8 @@
 """The implementation under test: MODULE[:IMPL][@AXIS=N,...].
 
-MODULE must expose the contract's two functions. With ":IMPL" the suite
-passes impl=IMPL; without it, nothing (the module's own default). With
+MODULE exports a KernelDeclaration (verification/declaration.py) or defines
+the contract's functions (at least gated_delta_rule). With ":IMPL" the
+suite passes impl=IMPL; without it, nothing (the module's own default). With
 "@data=4,model=2" the target is MODULE.sharded over a mesh of those axes
 (docs/contract.md section 8): the axis named `data` splits the batch, the
 axis named `model` the key-head groups; each case is first tiled to the
@@ -18,10 +19,19 @@ import math
 import os
 from typing import Optional, Tuple
 
+from .declaration import KernelDeclaration, case_needs, declaration_of, unmet
+
 ENV_VAR = "GDN_TARGET"
 DEFAULT_TARGET = "gdn_kernels:pallas"
+# Targets whose module is this repository's kernels (or a mutant of them):
+# the repository's self-tests run by default only for these.
+OUR_MODULES = ("gdn_kernels",)
 # The mesh axis names a target spec may use, and what each splits.
 BATCH_AXIS, HEAD_AXIS = "data", "model"
+
+
+class TargetError(ValueError):
+    """A target spec that cannot be imported or resolved."""
 
 
 def parse_mesh(text: str) -> Tuple[Tuple[str, int], ...]:
@@ -47,12 +57,25 @@ class Target:
 
     @classmethod
     def parse(cls, spec: Optional[str] = None) -> "Target":
+        """The target of a spec (default: GDN_TARGET, else DEFAULT_TARGET);
+        TargetError naming the spec and the reason when it cannot be
+        imported or resolved."""
         spec = spec or os.environ.get(ENV_VAR) or DEFAULT_TARGET
-        spec, _, mesh = spec.partition("@")
-        module_name, _, impl = spec.partition(":")
-        target = cls(module_name=module_name.strip(), impl=impl.strip() or None,
-                     mesh_axes=parse_mesh(mesh) if mesh else ())
-        target.check()
+        text, _, mesh = spec.partition("@")
+        module_name, _, impl = text.partition(":")
+        if not module_name.strip():
+            raise TargetError(f"target {spec!r}: no module name (expected MODULE[:IMPL])")
+        try:
+            target = cls(module_name=module_name.strip(), impl=impl.strip() or None,
+                         mesh_axes=parse_mesh(mesh) if mesh else ())
+            target.check()
+        except TargetError:
+            raise
+        except ImportError as err:
+            raise TargetError(f"target {spec!r}: cannot import {module_name.strip()!r}: "
+                              f"{type(err).__name__}: {err}") from None
+        except (ValueError, TypeError) as err:
+            raise TargetError(f"target {spec!r}: {err}") from None
         return target
 
     @property
@@ -93,23 +116,38 @@ class Target:
         ensure_importable(self.module_name)
         return importlib.import_module(self.module_name)
 
+    @property
+    def declaration(self) -> KernelDeclaration:
+        """What the module declares (or what it defines, read as a declaration)."""
+        return _declaration(self.module_name)
+
+    @property
+    def is_ours(self) -> bool:
+        """This repository's kernels, or a seeded-bug mutant of them."""
+        from .mutants import PREFIX
+        return self.module_name in OUR_MODULES or self.module_name.startswith(PREFIX)
+
     def check(self) -> None:
-        module = self.module
-        names = ("gated_delta_rule", "gdn_decoupled_conv1d") + (
-            ("sharded",) if self.mesh_axes else ())
-        for name in names:
-            if not callable(getattr(module, name, None)):
-                raise ValueError(f"target module {self.module_name!r} has no "
-                                 f"callable {name} (docs/contract.md)")
+        declaration = self.declaration
+        if self.mesh_axes and declaration.sharded is None:
+            raise ValueError(f"a mesh target needs sharded(), which "
+                             f"{self.module_name!r} does not declare (contract section 8)")
+
+    def not_checkable(self, needs=(), case=None) -> Optional[str]:
+        """Why a property with these needs (and this case) cannot be checked
+        on this target, or None when it can."""
+        return unmet(self.declaration,
+                     tuple(needs) + (case_needs(case) if case is not None else ()))
 
     def impl_kwargs(self) -> dict:
         return {"impl": self.impl} if self.impl else {}
 
     @property
     def ops(self):
-        """What the two ops are called on: the module, or its sharded ops."""
+        """What the two ops are called on: the declared functions, or their
+        sharded versions over the target's mesh."""
         if not self.mesh_axes:
-            return self.module
+            return self.declaration
         axes = dict(self.mesh_axes)
         return sharded_ops(self.unsharded, self.mesh_axes,
                            BATCH_AXIS if BATCH_AXIS in axes else None,
@@ -141,5 +179,12 @@ def sharded_ops(target: "Target", axes, batch_axis, head_axis):
     """The (unsharded) target's module.sharded over a mesh of these axes, the
     batch split by batch_axis and the key-head groups by head_axis (None:
     not split); built once per combination."""
-    return target.module.sharded(make_mesh(axes), batch_axis=batch_axis,
-                                 head_axis=head_axis)
+    return target.declaration.sharded(make_mesh(axes), batch_axis=batch_axis,
+                                      head_axis=head_axis)
+
+
+@functools.lru_cache(maxsize=None)
+def _declaration(module_name: str) -> KernelDeclaration:
+    from .mutants import ensure_importable
+    ensure_importable(module_name)
+    return declaration_of(importlib.import_module(module_name))

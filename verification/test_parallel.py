@@ -40,7 +40,7 @@ def _run(tmp_path, name, extra, profile="ci", properties=PROPERTIES):
     if profile == "dev":
         env["GDN_HYPOTHESIS_DB"] = str(tmp_path / f"{name}-examples")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "verification.plugin", "-q",
+        [sys.executable, "-m", "pytest", "-p", "gdn_verify", "-q",
          "-p", "no:cacheprovider", "verification/test_properties.py",
          "--gdn-target", WRONG, "--gdn-properties", properties, *extra],
         env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
@@ -101,7 +101,7 @@ def test_shard_reports_merge_to_the_unsharded_verdicts(serial, tmp_path):
 
 
 def test_bad_shard_option_is_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "verification.plugin", "-q",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "gdn_verify", "-q",
                            "-p", "no:cacheprovider", "--collect-only",
                            "verification/test_tolerance.py", "--gdn-shard", "4/3"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -85,7 +85,7 @@ def run_suite_process(target: str, properties: Optional[List[str]], run_dir: str
     stats, wall time and the counterexample files it wrote (in run_dir)."""
     os.makedirs(run_dir, exist_ok=True)
     stats_file = tempfile.mktemp(suffix=".json", dir=run_dir)
-    cmd = [sys.executable, "-m", "pytest", PROPERTY_TESTS, "-p", "verification.plugin",
+    cmd = [sys.executable, "-m", "pytest", PROPERTY_TESTS, "-p", "gdn_verify",
            "-x", "-q", "--hypothesis-profile", PROFILE, "--gdn-target", target,
            "-p", "no:cacheprovider", "--gdn-properties",
            ",".join(p.id for p in select(properties)) if properties else "all"]

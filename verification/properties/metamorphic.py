@@ -29,7 +29,8 @@ LENGTH_COVERS = {
 
 @prop("chunk_size_invariance", family="metamorphic",
       strategy=delta_rule_cases(where=lambda g: _f32(g) and g["chunk"] == 16), weight=0.5,
-      wrong_target="gdn_mutant_inverse_offdiag_block_sign:xla", covers=LENGTH_COVERS)
+      wrong_target="gdn_mutant_inverse_offdiag_block_sign:xla", covers=LENGTH_COVERS,
+      needs=("chunk_size:32", "chunk_size:64"))
 def chunk_size_invariance(target, case: DeltaRuleCase):
     """gated_delta_rule gives the same outputs and gradients for chunk sizes
     16, 32 and 64 (the chunking is an implementation detail)."""
@@ -51,7 +52,7 @@ def _slice_time(inputs, start, stop):
 
 
 @prop("split_invariance", family="metamorphic", strategy=delta_rule_cases(where=_f32),
-      wrong_target="gdn_mutant_tail_padded_with_edge_tokens:xla",
+      wrong_target="gdn_mutant_tail_padded_with_edge_tokens:xla", needs=("initial_state",),
       covers={**LENGTH_COVERS, "no initial state": lambda c: not c.has_initial_state})
 def split_invariance(target, case: DeltaRuleCase):
     """Running tokens [0:t] then [t:T] with the carried final state equals one
@@ -134,7 +135,7 @@ def batch_independence(target, case: MixerCase):
 
 @prop("gva_equals_explicit_repeat", family="metamorphic",
       strategy=delta_rule_cases(where=lambda g: _f32(g) and g["layout"][1] > 1), weight=0.5,
-      wrong_target="gdn_mutant_gva_tile_not_repeat:xla",
+      wrong_target="gdn_mutant_gva_tile_not_repeat:xla", needs=("gva",),
       covers={"G=2": lambda c: c.group == 2, "G=4": lambda c: c.group == 4,
               "Hk=2": lambda c: c.k_heads == 2})
 def gva_equals_explicit_repeat(target, case: DeltaRuleCase):

@@ -41,7 +41,7 @@ from strategies.state import incoming_state, pieces
 from .. import runners
 from ..registry import prop
 from ..targets import Target, make_mesh, sharded_ops
-from ..tolerance import NOT_CHECKABLE, TensorError, compare_sharded, structural_row
+from ..tolerance import TensorError, compare_sharded, structural_row
 from .common import names_argument
 from .state import tensor_dtype
 
@@ -65,14 +65,6 @@ class MeshTarget:
 
     def gdn_decoupled_conv1d(self, *args, **kwargs):
         return self.ops.gdn_decoupled_conv1d(*args, **kwargs, **self.base.impl_kwargs())
-
-
-def _without_sharded(target: Target):
-    """The not-checkable row of a module that has no `sharded`, or None."""
-    if callable(getattr(target.unsharded.module, "sharded", None)):
-        return None
-    return [TensorError("sharded()", 0.0, 0.0, 0.0, 0.0, True,
-                        f"{NOT_CHECKABLE}: {target.unsharded.module_name} has no sharded()")]
 
 
 def _on_mesh(target: Target, case):
@@ -189,16 +181,13 @@ MIXER_GVA_SPLIT = (mixer_case("gva2-2keys-dk<dv", 2, 33, 16, seed=1, param_rank=
 @prop("sharded_delta_rule_equals_one_device", family="sharding",
       strategy=st.one_of(delta_rule_cases(), delta_rule_cases(packed=True)),
       wrong_target="gdn_mutant_sharded_initial_state_ignored:xla", weight=0.1,
-      devices=MESH_DEVICES, examples=DELTA_GVA_SPLIT,
+      devices=MESH_DEVICES, needs=("sharded",), examples=DELTA_GVA_SPLIT,
       covers={**MESH_COVERS, **HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments)})
 def sharded_delta_rule_equals_one_device(target, case: DeltaRuleCase):
     """gated_delta_rule over a mesh of 8 devices equals the one-device op
     (outputs, final state, every cotangent) within summation-order error,
     and so do each corner shard's outputs and cotangents against the
     one-device op run on that shard's rows and key-head groups alone."""
-    skip = _without_sharded(target)
-    if skip:
-        return skip
     return _delta_rows(target, case)
 
 
@@ -242,7 +231,7 @@ def _mixer_shard_rows(one: Target, case, kind, shard, inputs, state, m_out):
 @prop("sharded_mixer_equals_one_device", family="sharding",
       strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
       wrong_target="gdn_mutant_sharded_value_heads_by_key_index:xla", weight=0.1,
-      devices=MESH_DEVICES, examples=MIXER_GVA_SPLIT,
+      devices=MESH_DEVICES, needs=("sharded",), examples=MIXER_GVA_SPLIT,
       covers={**MESH_COVERS, **HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments),
               "a_log with a batch axis": lambda c: param_has_batch_axis(c.a_log_shape,
                                                                         c.batch)})
@@ -252,9 +241,6 @@ def sharded_mixer_equals_one_device(target, case: MixerCase):
     gradient (parameters shared by the batch shards summed over them), and
     so do each corner shard's outputs and state against the one-device
     mixer on that shard's rows, channels and heads alone."""
-    skip = _without_sharded(target)
-    if skip:
-        return skip
     return _mixer_rows(target, case)
 
 
@@ -295,7 +281,7 @@ def allowed_collectives(case, kind: MeshKind) -> Dict[str, set]:
 @prop("sharded_code_communicates_only_as_allowed", family="sharding",
       strategy=st.one_of(delta_rule_cases(), mixer_cases()),
       wrong_target="gdn_mutant_sharded_conv_state_replicated:xla", weight=0.1,
-      devices=MESH_DEVICES,
+      devices=MESH_DEVICES, needs=("sharded",),
       covers={**MESH_COVERS, "mixer": lambda c: isinstance(c, MixerCase),
               "core op": lambda c: isinstance(c, DeltaRuleCase)})
 def sharded_code_communicates_only_as_allowed(target, case):
@@ -303,9 +289,6 @@ def sharded_code_communicates_only_as_allowed(target, case):
     collective in the core op; in the mixer only all-reduces of the shared
     parameters' gradients over the batch shards and, with a head split,
     moves of x-layout tensors (the compiled HLO is read)."""
-    skip = _without_sharded(target)
-    if skip:
-        return skip
     case, on_mesh, _ = _on_mesh(target, case)
     allowed = allowed_collectives(case, on_mesh.kind)
     text = runners.compiled_vjp_text(runners.target_fn(on_mesh, runners.case_op(case)), case,
@@ -356,16 +339,13 @@ def _as_delta_case(case: MixerCase) -> DeltaRuleCase:
 @prop("sharded_bad_input_raises_named_error", family="sharding",
       strategy=mixer_cases(near_zero=False),
       wrong_target="gdn_mutant_sharded_divisibility_unchecked:xla", weight=0.1,
-      devices=MESH_DEVICES, examples=MIXER_GVA_SPLIT[:1], covers=MESH_COVERS)
+      devices=MESH_DEVICES, needs=("sharded",), examples=MIXER_GVA_SPLIT[:1], covers=MESH_COVERS)
 def sharded_bad_input_raises_named_error(target, case: MixerCase):
     """A batch or a key-head count that the mesh axis does not divide raises
     ValueError naming the argument, the axis and both sizes, before any
     kernel runs; an axis name the mesh lacks, one axis for both splits, or
     a mesh that is not a jax Mesh raise ValueError / TypeError naming the
     argument."""
-    skip = _without_sharded(target)
-    if skip:
-        return skip
     case, on_mesh, one = _on_mesh(target, case)
     kind = on_mesh.kind
     nb, nh = kind.shards
@@ -387,7 +367,7 @@ def sharded_bad_input_raises_named_error(target, case: MixerCase):
             rows.append(_expect(f"{op}: {extra.k_heads} key heads on {kind.name}", call,
                                 ValueError, "num_k_heads" if op == "mixer" else "k",
                                 kind.head_axis, str(extra.k_heads), str(nh)))
-    module, mesh = one.module, make_mesh(kind.axes)
+    module, mesh = one.declaration, make_mesh(kind.axes)
     rows += [
         _expect("unknown batch_axis", lambda: module.sharded(mesh, batch_axis="rows"),
                 ValueError, "batch_axis", "rows"),

@@ -1,0 +1,178 @@
+"""What a target is and what it supports, declared by its author.
+
+A target module either exports a declaration,
+
+    from verification import KernelDeclaration, Supports
+
+    GDN_KERNEL = KernelDeclaration(
+        gated_delta_rule=my_delta_rule,          # the core op (required)
+        gdn_decoupled_conv1d=my_mixer,           # optional: the mixer
+        supports=Supports(dtypes=("float32",), segment_ids=False))
+
+or simply defines the contract's functions (docs/contract.md): then the
+declaration is read off the module (`declaration_of`), every optional piece
+it has is used, and the whole contract is assumed supported.
+
+Every property states what it needs (`NEEDS`, registry.prop(needs=...)),
+and each case what it asks of the target (`case_needs`); where the target
+lacks it the property answers "not checkable: <reason>", never a pass, and
+never runs the suite's own code in the target's place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Tuple
+
+# The module attribute a target exports its declaration under.
+DECLARATION_ATTR = "GDN_KERNEL"
+
+CONTRACT_DTYPES = ("float32", "bfloat16")
+CONTRACT_CHUNK_SIZES = (16, 32, 64, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class Supports:
+    """What the target accepts (defaults: the whole contract).
+
+    dtypes:          activation dtypes accepted (float32, bfloat16)
+    segment_ids:     packed rows (contract section 6)
+    initial_state:   gated_delta_rule's initial_state, and its gradient
+    carried_state:   the mixer's state= / return_state= and decode (section 7)
+    gva:             more value heads than key heads (Hv = G Hk, G > 1)
+    scale:           a scale= other than the default Dk**-0.5
+    chunk_sizes:     the chunk_size values accepted (None: every one the
+                     contract allows)
+    validates_input: bad input raises the contract's named errors (section 5)
+    """
+    dtypes: Tuple[str, ...] = CONTRACT_DTYPES
+    segment_ids: bool = True
+    initial_state: bool = True
+    carried_state: bool = True
+    gva: bool = True
+    scale: bool = True
+    chunk_sizes: Optional[Tuple[int, ...]] = None
+    validates_input: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelDeclaration:
+    """A kernel under test: its functions and what it supports.
+
+    gated_delta_rule:      the core op, with the contract's signature
+    gdn_decoupled_conv1d:  the mixer (None: the mixer properties are not checkable)
+    sharded:               sharded(mesh, batch_axis=, head_axis=) -> ops (section 8)
+    l2norm_forward:        l2norm_forward(x, eps) -> y, the target's QK L2 norm
+    l2norm_backward:       l2norm_backward(x, dy, eps) -> dx, its VJP
+    supports:              what the functions accept (Supports)
+    """
+    gated_delta_rule: Callable
+    gdn_decoupled_conv1d: Optional[Callable] = None
+    sharded: Optional[Callable] = None
+    l2norm_forward: Optional[Callable] = None
+    l2norm_backward: Optional[Callable] = None
+    supports: Supports = Supports()
+
+    def __post_init__(self):
+        if not callable(self.gated_delta_rule):
+            raise TypeError("KernelDeclaration: gated_delta_rule must be callable")
+        for name in ("gdn_decoupled_conv1d", "sharded", "l2norm_forward", "l2norm_backward"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"KernelDeclaration: {name} must be callable or None")
+        unknown = set(self.supports.dtypes) - set(CONTRACT_DTYPES)
+        if unknown:
+            raise ValueError(f"KernelDeclaration: supports.dtypes {sorted(unknown)} are not "
+                             f"contract dtypes {CONTRACT_DTYPES}")
+
+
+def declaration_of(module) -> KernelDeclaration:
+    """The module's declaration: its GDN_KERNEL, or one read off the
+    contract's functions it defines (ValueError naming what is missing)."""
+    declared = getattr(module, DECLARATION_ATTR, None)
+    if declared is not None:
+        if not isinstance(declared, KernelDeclaration):
+            raise ValueError(f"{module.__name__}.{DECLARATION_ATTR} is a "
+                             f"{type(declared).__name__}, not a KernelDeclaration")
+        return declared
+    if not callable(getattr(module, "gated_delta_rule", None)):
+        raise ValueError(f"module {module.__name__!r} has no callable gated_delta_rule "
+                         f"(docs/contract.md) and no {DECLARATION_ATTR} declaration")
+
+    def optional(name):
+        fn = getattr(module, name, None)
+        return fn if callable(fn) else None
+
+    return KernelDeclaration(
+        gated_delta_rule=module.gated_delta_rule,
+        gdn_decoupled_conv1d=optional("gdn_decoupled_conv1d"),
+        sharded=optional("sharded"),
+        l2norm_forward=optional("l2norm_forward"),
+        l2norm_backward=optional("l2norm_backward"))
+
+
+# ---------------------------------------------------------------- needs
+# Each need a property or a case may have, and the reason given when the
+# declaration lacks it: need -> (is it met?, why not).
+NEEDS = {
+    "mixer": (lambda d: d.gdn_decoupled_conv1d is not None,
+              "the target declares no mixer (gdn_decoupled_conv1d)"),
+    "sharded": (lambda d: d.sharded is not None,
+                "the target declares no sharded() (contract section 8)"),
+    "l2norm_hooks": (lambda d: d.l2norm_forward is not None and d.l2norm_backward is not None,
+                     "the target declares no l2norm_forward / l2norm_backward hooks"),
+    "segment_ids": (lambda d: d.supports.segment_ids,
+                    "the target declares no packed rows (segment_ids)"),
+    "initial_state": (lambda d: d.supports.initial_state,
+                      "the target declares no initial_state for gated_delta_rule"),
+    "carried_state": (lambda d: d.supports.carried_state,
+                      "the target declares no carried state (state= / return_state=)"),
+    "gva": (lambda d: d.supports.gva,
+            "the target declares no GVA (Hv > Hk)"),
+    "scale": (lambda d: d.supports.scale,
+              "the target declares no scale= argument"),
+    "validates_input": (lambda d: d.supports.validates_input,
+                        "the target declares no input validation (contract section 5)"),
+}
+
+
+def unmet(declaration: KernelDeclaration, needs) -> Optional[str]:
+    """The reason the first unmet need is not met, or None. A need is a
+    NEEDS key, "dtype:<name>" or "chunk_size:<n>"."""
+    supports = declaration.supports
+    for need in needs:
+        kind, _, value = need.partition(":")
+        if kind == "dtype":
+            if value not in supports.dtypes:
+                return f"the target declares dtypes {list(supports.dtypes)}, not {value}"
+        elif kind == "chunk_size":
+            if supports.chunk_sizes is not None and int(value) not in supports.chunk_sizes:
+                return (f"the target declares chunk sizes {list(supports.chunk_sizes)}, "
+                        f"not {value}")
+        else:
+            met, why = NEEDS[need]
+            if not met(declaration):
+                return why
+    return None
+
+
+def check_needs(needs) -> None:
+    """ValueError naming a need that is not a NEEDS key (registration time)."""
+    unknown = [n for n in needs if n not in NEEDS]
+    if unknown:
+        raise ValueError(f"unknown need(s) {unknown}; known: {sorted(NEEDS)}")
+
+
+def case_needs(case) -> Tuple[str, ...]:
+    """What one case asks of the target: its op, activation dtype, chunk
+    size, GVA, packed rows and (core op) an initial state."""
+    from strategies.cases import MixerCase
+    needs = ["mixer"] if isinstance(case, MixerCase) else []
+    needs += [f"dtype:{case.dtype}", f"chunk_size:{case.chunk}"]
+    if case.group > 1:
+        needs.append("gva")
+    if case.segments:
+        needs.append("segment_ids")
+    if not isinstance(case, MixerCase) and case.has_initial_state:
+        needs.append("initial_state")
+    return tuple(needs)
