@@ -72,8 +72,6 @@ def run_suite(args: dict, extra: List[str]) -> int:
     """pytest on the suite, from the current directory (importable, as under
     `python -m pytest`); exit code 5 (no tests collected) counts as failure."""
     import pytest
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     if args.get("profile"):
         os.environ["GDN_PROFILE"] = args["profile"]
     if args.get("json"):
@@ -85,6 +83,13 @@ def run_suite(args: dict, extra: List[str]) -> int:
         print("gdn-verify: no tests were collected: failing", file=sys.stderr)
         return 1
     return int(code)
+
+
+def _importable_cwd() -> None:
+    """The current directory on the import path, as `python -m pytest` has
+    it: a target module there imports (run, replay, mutants)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def _default_target() -> str:
@@ -321,6 +326,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return bench_main(argv[1:])
     args, extra = parse(argv)
     command = args["command"]
+    _importable_cwd()
     if command == "list":
         return list_command()
     if command == "merge-reports":

@@ -32,6 +32,7 @@ SCOPES = ("properties", "all")
 SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 PROPERTY_TESTS = os.path.join(SUITE_DIR, "test_properties.py")
 STATS_KEY = "gdn_property_stats"
+EXAMPLES_ENV = "GDN_EXAMPLES"      # the same as --gdn-examples
 
 
 def pytest_addoption(parser):
@@ -55,7 +56,7 @@ def pytest_addoption(parser):
                          "| reason a line): XFAIL; one that passes is XPASS and fails")
     group.addoption("--gdn-examples", default=None, type=int, metavar="N",
                     help="examples per property (before its weight) instead of the "
-                         "profile's")
+                         f"profile's (env {EXAMPLES_ENV})")
     group.addoption("--gdn-shard", default=None, metavar="I/N",
                     help="run only shard I of N (1-based) of the selected tests: a stable "
                          "split by test id, for CI jobs whose reports `gdn-verify "
@@ -103,7 +104,9 @@ class Suite:
         from . import harness, registry
         from .profiles import register_profiles, selected_profile
         from hypothesis import settings
-        register_profiles(examples=config.getoption("--gdn-examples"))
+        examples = config.getoption("--gdn-examples") or int(
+            os.environ.get(EXAMPLES_ENV, "0") or 0)
+        register_profiles(examples=examples or None)
         settings.load_profile(selected_profile())
         self.config = config
         self.scope = config.getoption("--gdn-scope") or (

@@ -229,7 +229,7 @@ def _no_batch_shared_time_params(geo) -> bool:
 
 
 @prop("packed_equals_separate", family="packing",
-      strategy=delta_rule_cases(packed=True), weight=0.5,
+      strategy=delta_rule_cases(packed=True), weight=0.5, needs=("segment_ids",),
       wrong_target="gdn_mutant_reset_only_at_chunk_edges:xla", covers=PACKED_COVERS)
 def packed_equals_separate(target, case: DeltaRuleCase):
     """gated_delta_rule on a packed row equals each document run alone (the
@@ -239,7 +239,7 @@ def packed_equals_separate(target, case: DeltaRuleCase):
 
 
 @prop("mixer_packed_equals_separate", family="packing",
-      strategy=mixer_cases(packed=True), weight=0.5,
+      strategy=mixer_cases(packed=True), weight=0.5, needs=("segment_ids",),
       wrong_target="gdn_mutant_conv_window_crosses_documents:xla",
       covers=MIXER_PACKED_COVERS)
 def mixer_packed_equals_separate(target, case: MixerCase):
@@ -294,7 +294,7 @@ def _permuted(named, order) -> Dict[str, np.ndarray]:
 
 
 @prop("padding_transparency", family="packing",
-      strategy=mixer_cases(packed=True, where=_no_batch_shared_time_params), weight=0.25,
+      strategy=mixer_cases(packed=True, where=_no_batch_shared_time_params), weight=0.25, needs=("segment_ids",),
       wrong_target="gdn_mutant_conv_ignores_padding:xla", covers=MIXER_PACKED_COVERS)
 def padding_transparency(target, case: MixerCase):
     """Moving every padding token to the end of its row (documents and their
@@ -330,7 +330,7 @@ def padding_transparency(target, case: MixerCase):
 # --------------------------------------------------------------------------
 
 @prop("packed_gradient_parity", family="packing",
-      strategy=delta_rule_cases(packed=True), weight=0.5,
+      strategy=delta_rule_cases(packed=True), weight=0.5, needs=("segment_ids",),
       wrong_target="gdn_mutant_doc_tail_padded_with_zeros:xla",
       covers=PACKED_COVERS,
       on_sharded_target=True)
@@ -342,7 +342,7 @@ def packed_gradient_parity(target, case: DeltaRuleCase):
 
 
 @prop("mixer_packed_gradient_parity", family="packing",
-      strategy=mixer_cases(packed=True), weight=0.5,
+      strategy=mixer_cases(packed=True), weight=0.5, needs=("segment_ids",),
       wrong_target="gdn_mutant_conv_ignores_padding:xla",
       covers=MIXER_PACKED_COVERS,
       on_sharded_target=True)
@@ -359,7 +359,7 @@ def _padding_of_target(target, case) -> list:
 
 
 @prop("segment_ids_are_data", family="packing",
-      strategy=delta_rule_cases(packed=True), weight=0.25,
+      strategy=delta_rule_cases(packed=True), weight=0.25, needs=("segment_ids",),
       wrong_target="gdn_mutant_padding_id_off_by_one:xla",
       covers={"padding": lambda c: any(i == 0 for row in c.segments for i, _ in row),
               "several documents": PACKED_COVERS["several documents"]})
