@@ -231,7 +231,7 @@ def _mixer_shard_rows(one: Target, case, kind, shard, inputs, state, m_out):
 @prop("sharded_mixer_equals_one_device", family="sharding",
       strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
       wrong_target="gdn_mutant_sharded_value_heads_by_key_index:xla", weight=0.1,
-      devices=MESH_DEVICES, needs=("sharded",), examples=MIXER_GVA_SPLIT,
+      devices=MESH_DEVICES, needs=("sharded", "carried_state"), examples=MIXER_GVA_SPLIT,
       covers={**MESH_COVERS, **HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments),
               "a_log with a batch axis": lambda c: param_has_batch_axis(c.a_log_shape,
                                                                         c.batch)})

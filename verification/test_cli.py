@@ -1,0 +1,157 @@
+"""The command line a user expects: options before or after the command
+(or rejected loudly), `list`, `--seed`, JUnit XML and the JSON report, and
+counterexamples that replay under the settings they were found under."""
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+from . import counterexamples
+from .cli import _suite_args, main, parse
+from .mutants import MUTANTS
+from .registry import PROPERTIES, load_all
+
+load_all()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCAN = "verification.foreign_targets.float32_only_scan"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--target", "m:x", "--profile", "ci", "run"],
+    ["run", "--target", "m:x", "--profile", "ci"],
+    ["--target", "m:x", "run", "--profile", "ci"],
+    ["--profile", "ci", "--target", "m:x"],
+])
+def test_options_before_or_after_the_command(argv):
+    args, extra = parse(argv)
+    assert (args["command"], args["target"], args["profile"], extra) == ("run", "m:x", "ci", [])
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--profile", "ci", "mutants"], "--profile"),
+    (["mutants", "--target", "m"], "--target"),
+    (["list", "--strict"], "--strict"),
+    (["replay", "f.json", "--seed", "3"], "--seed"),
+    (["merge-reports", "a.json", "--", "-x"], "pytest arguments"),
+])
+def test_an_option_the_command_does_not_take_is_an_error(argv, option, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse(argv)
+    assert info.value.code == 2 and option in capsys.readouterr().err
+
+
+def test_run_options_become_pytest_options():
+    args, _ = parse(["--target", "m", "--seed", "7", "--examples", "3", "--strict",
+                     "--properties", "determinism", "--junit-xml", "r.xml",
+                     "--known-failures", "k.txt", "--scope", "all"])
+    out = _suite_args(args)
+    for pair in (["--gdn-target", "m"], ["--hypothesis-seed", "7"], ["--gdn-examples", "3"],
+                 ["--gdn-properties", "determinism"], ["--junitxml", "r.xml"],
+                 ["--gdn-known-failures", "k.txt"], ["--gdn-scope", "all"]):
+        i = out.index(pair[0])
+        assert out[i:i + 2] == pair
+    assert "--gdn-strict" in out
+
+
+def test_list_names_every_property_and_mutant(capsys):
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert f"properties ({len(PROPERTIES)})" in text and f"mutants ({len(MUTANTS)})" in text
+    assert all(p in text for p in PROPERTIES) and all(m in text for m in MUTANTS)
+    assert "needs: sharded" in text
+
+
+def test_junit_xml_json_report_and_seed(tmp_path):
+    junit, report = tmp_path / "r.xml", tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "verification.cli", "--target", SCAN, "--seed", "5",
+         "--examples", "2", "--properties", "delta_rule_forward_parity,split_invariance",
+         "--junit-xml", str(junit), "--json", str(report)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    cases = ElementTree.parse(junit).getroot().iter("testcase")
+    assert {c.get("name") for c in cases} == {"test_delta_rule_forward_parity",
+                                              "test_split_invariance"}
+    data = json.loads(report.read_text())
+    assert data["target"] == SCAN and data["exitstatus"] == 0
+    assert {n: d["verdict"] for n, d in data["properties"].items()} == {
+        "delta_rule_forward_parity": "held", "split_invariance": "held"}
+
+
+# --------------------------------------------------------------- replay
+PROBE = '''
+import os
+from verification.foreign_targets.float32_only_scan import *   # noqa: F401,F403
+from verification.foreign_targets import float32_only_scan as _scan
+
+def gated_delta_rule(*args, **kwargs):
+    with open(os.environ["PROBE_FILE"], "a") as f:
+        f.write(os.environ.get("XLA_FLAGS", "") + "|" + os.environ.get("GDN_INTERPRET", "") + "\\n")
+    return _scan.gated_delta_rule(*args, **kwargs)
+'''
+
+
+def test_replay_restores_the_recorded_interpret_mode_and_xla_flags(tmp_path):
+    """A file found under other settings replays under them: the target
+    sees the recorded XLA_FLAGS and interpret mode, not the caller's."""
+    (tmp_path / "probe_target.py").write_text(PROBE)
+    prop = PROPERTIES["delta_rule_forward_parity"]
+    case = prop.examples[0] if prop.examples else None
+    if case is None:
+        from hypothesis import HealthCheck, given, settings
+
+        found = []
+
+        @settings(max_examples=1, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=prop.strategy)
+        def draw(c):
+            found.append(c)
+        draw()
+        case = found[0]
+    path = counterexamples.write(prop.id, case, "probe_target", "dev", [], "(none)",
+                                 folder=str(tmp_path / "ce"))
+    record = json.loads(open(path).read())
+    record["environment"]["XLA_FLAGS"] = "--xla_cpu_enable_fast_math=false"
+    record["interpret_mode"] = "tpu-sim"
+    with open(path, "w") as f:
+        json.dump(record, f)
+    probe = tmp_path / "probe.txt"
+    env = dict(os.environ, PROBE_FILE=str(probe), XLA_FLAGS="--xla_dump_to=/nonexistent",
+               GDN_INTERPRET="hlo")
+    proc = subprocess.run([sys.executable, "-m", "verification.cli", "replay", path],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "interpret mode tpu-sim" in proc.stdout
+    seen = set(probe.read_text().splitlines())
+    assert seen == {"--xla_cpu_enable_fast_math=false|tpu-sim"}, seen
+
+
+def test_replay_warns_what_it_cannot_restore(tmp_path, capsys, monkeypatch):
+    """In a process whose XLA already started, the recorded flags cannot
+    apply: the replay says so instead of pretending."""
+    import jax
+    for name in counterexamples.RECORDED_ENV:     # this process's settings come back after
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:
+            monkeypatch.delenv(name, raising=False)
+    jax.numpy.zeros(1).block_until_ready()
+    prop = PROPERTIES["split_invariance"]
+    from strategies.cases import DeltaRuleCase
+    case = DeltaRuleCase(batch=1, seq_len=3, k_heads=1, group=1, dk=16, dv=16, chunk=16,
+                         dtype="float32", state_dtype="float32", seed=1)
+    path = counterexamples.write(prop.id, case, SCAN, "dev", [], "(none)",
+                                 folder=str(tmp_path))
+    record = json.loads(open(path).read())
+    record["environment"]["XLA_FLAGS"] = "--some_other_flags"
+    record["versions"]["jax"] = "0.0.1"
+    with open(path, "w") as f:
+        json.dump(record, f)
+    assert main(["replay", path]) == 0
+    err = capsys.readouterr().err
+    assert "cannot restore XLA_FLAGS" in err and "recorded under jax 0.0.1" in err

@@ -1,0 +1,226 @@
+"""Meta-tests: a property never passes, and never runs, on what the target
+does not declare.
+
+Each optional piece of a declaration (the mixer, sharded(), the l2norm
+hooks, each Supports flag, a narrower dtype or chunk-size list) is taken
+away in turn from a correct foreign target (float32_only_scan), whose
+functions are wrapped to count their calls. Every property that needs the
+piece is then "not checkable" without calling the target, and every drawn
+case asking for it is a not-checkable row; the generated pytest test skips
+(or, with --gdn-strict, fails) instead of passing.
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from verification import KernelDeclaration, Supports
+from verification.foreign_targets import float32_only_scan as scan
+
+from . import harness
+from .declaration import declaration_of, unmet
+from .registry import PROPERTIES, is_not_checkable, load_all
+from .targets import Target, TargetError
+
+load_all()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASES_PER_PROPERTY = 4
+
+
+class Spy:
+    """A callable counting its calls (the target's functions)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+FULL = dict(gated_delta_rule=scan.gated_delta_rule, gdn_decoupled_conv1d=scan.gdn_decoupled_conv1d,
+            l2norm_forward=scan.l2norm_forward, l2norm_backward=scan.l2norm_backward)
+
+# piece taken away -> (declaration changes, the need it removes)
+WITHOUT = {
+    "mixer": (dict(gdn_decoupled_conv1d=None), "mixer"),
+    "sharded": ({}, "sharded"),                       # the scan has no sharded()
+    "l2norm hooks": (dict(l2norm_forward=None, l2norm_backward=None), "l2norm_hooks"),
+    "segment_ids": (dict(supports=Supports(segment_ids=False)), "segment_ids"),
+    "initial_state": (dict(supports=Supports(initial_state=False)), "initial_state"),
+    "carried_state": (dict(supports=Supports(carried_state=False)), "carried_state"),
+    "gva": (dict(supports=Supports(gva=False)), "gva"),
+    "validates_input": (dict(supports=Supports(validates_input=False)), "validates_input"),
+    "bfloat16": (dict(supports=Supports(dtypes=("float32",))), "dtype:bfloat16"),
+    "chunk 32": (dict(supports=Supports(chunk_sizes=(16, 64))), "chunk_size:32"),
+}
+
+
+def declared_target(name: str, **changes):
+    """A target module (registered in sys.modules) exporting the scan's
+    declaration with these changes, every function a Spy; (target, spies)."""
+    fields = {k: (Spy(v) if callable(v) else v) for k, v in {**FULL, **changes}.items()}
+    module = types.ModuleType(f"gdn_declared_{name.replace(' ', '_')}")
+    module.GDN_KERNEL = KernelDeclaration(**fields)
+    sys.modules[module.__name__] = module
+    spies = [v for v in fields.values() if isinstance(v, Spy)]
+    return Target.parse(module.__name__), spies
+
+
+def drawn_cases(prop, n=CASES_PER_PROPERTY):
+    """A few derandomized cases of the property's strategy, explicit examples first."""
+    cases = list(prop.examples)
+
+    @settings(max_examples=n, derandomize=True, database=None, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=prop.strategy)
+    def draw(case):
+        cases.append(case)
+
+    draw()
+    return cases
+
+
+def _needs(prop, case=None):
+    return set(prop.needs) | (set(prop.case_needs(case)) if case is not None else set())
+
+
+@pytest.mark.parametrize("piece", sorted(WITHOUT))
+def test_a_missing_piece_is_not_checkable_and_never_called(piece):
+    changes, need = WITHOUT[piece]
+    target, spies = declared_target(piece, **changes)
+    assert unmet(target.declaration, (need,)), f"{piece}: the declaration still meets {need}"
+    needing = 0
+    for prop in PROPERTIES.values():
+        if need in prop.needs:
+            verdict, stats = harness.verdict_of(prop, target, drawn_cases(prop))
+            assert verdict == harness.NOT_CHECKABLE and stats.not_checkable, (prop.id, verdict)
+            needing += 1
+            continue
+        for case in drawn_cases(prop):
+            if need in _needs(prop, case):
+                rows = harness.check_property(prop.id, target, case, record=False)
+                assert len(rows) == 1 and is_not_checkable(rows[0]), (prop.id, rows)
+                needing += 1
+    assert needing, f"no property or drawn case needs {need}: the meta-test checks nothing"
+    assert all(s.calls == 0 for s in spies), f"{piece}: the target ran on what it lacks"
+
+
+def test_the_full_declaration_is_checkable_and_runs_the_target():
+    """The control: with every piece, a case is checked on the target."""
+    target, spies = declared_target("full")
+    prop = PROPERTIES["delta_rule_forward_parity"]
+    case = next(c for c in drawn_cases(prop) if not prop.not_checkable(target, c))
+    verdict, _ = harness.verdict_of(prop, target, [case])
+    assert verdict == harness.HELD and sum(s.calls for s in spies) > 0
+
+
+def test_no_property_passes_on_a_target_that_checks_nothing():
+    """Only the core op, supporting nothing optional, bfloat16 only: no
+    property may report 'held' without having run the target."""
+    target, spies = declared_target(
+        "bare", gdn_decoupled_conv1d=None, l2norm_forward=None, l2norm_backward=None,
+        supports=Supports(dtypes=("bfloat16",), segment_ids=False, initial_state=False,
+                          carried_state=False, gva=False, scale=False, chunk_sizes=(128,),
+                          validates_input=False))
+    for prop in PROPERTIES.values():
+        calls = sum(s.calls for s in spies)
+        verdict, stats = harness.verdict_of(prop, target, drawn_cases(prop))
+        ran = sum(s.calls for s in spies) > calls
+        assert verdict == harness.NOT_CHECKABLE or (verdict == harness.HELD and ran
+                                                    and stats.checked), (prop.id, verdict)
+
+
+def test_a_plain_module_is_read_as_the_whole_contract():
+    declared = declaration_of(scan)
+    assert declared.gdn_decoupled_conv1d is scan.gdn_decoupled_conv1d
+    assert declared.l2norm_forward is scan.l2norm_forward and declared.sharded is None
+    assert declared.supports == Supports()
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("no_such_module_here", ["no_such_module_here", "ModuleNotFoundError"]),
+    ("json", ["'json'", "gated_delta_rule"]),
+    ("verification.foreign_targets.float32_only_scan@data=2", ["sharded()"]),
+    (":xla", ["no module name"]),
+])
+def test_a_bad_spec_names_the_spec_and_the_reason(spec, words):
+    with pytest.raises(TargetError) as info:
+        Target.parse(spec)
+    assert all(w in str(info.value) for w in words) and "\n" not in str(info.value)
+
+
+def test_a_declaration_rejects_what_is_not_callable():
+    with pytest.raises(TypeError, match="gdn_decoupled_conv1d"):
+        KernelDeclaration(gated_delta_rule=scan.gated_delta_rule, gdn_decoupled_conv1d=3)
+    with pytest.raises(ValueError, match="float16"):
+        KernelDeclaration(gated_delta_rule=scan.gated_delta_rule,
+                          supports=Supports(dtypes=("float16",)))
+
+
+def _pytest(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "verification/test_properties.py", *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_not_checkable_is_a_skip_and_strict_fails_it():
+    spec = "verification.author_fixture.my_kernels"
+    plain = _pytest("--gdn-target", spec, "--gdn-properties",
+                    "segment_ids_are_data,l2norm_scale_invariance", "--gdn-examples", "1")
+    assert plain.returncode == 0 and "1 passed, 1 skipped" in plain.stdout, plain.stdout[-2000:]
+    assert "SKIPPED" in plain.stdout and "declares no packed rows" in plain.stdout
+    strict = _pytest("--gdn-target", spec, "--gdn-properties", "segment_ids_are_data",
+                     "--gdn-strict")
+    assert strict.returncode == 1 and "--gdn-strict" in strict.stdout, strict.stdout[-2000:]
+
+
+def test_known_failures_xfail_and_a_stale_entry_fails(tmp_path):
+    known = tmp_path / "known.txt"
+    known.write_text("# planted: beta applied twice\n"
+                     "delta_rule_forward_parity | | beta applied twice (a mutant)\n"
+                     "mixer_forward_parity | o | beta applied twice (a mutant)\n")
+    proc = _pytest("--gdn-target", "gdn_mutant_beta_applied_twice:xla",
+                   "--gdn-properties", "delta_rule_forward_parity,mixer_forward_parity",
+                   "--gdn-examples", "2", f"--gdn-known-failures={known}")
+    assert proc.returncode == 0 and "2 xfailed" in proc.stdout, proc.stdout[-2000:]
+    stale = _pytest("--gdn-target", "verification.foreign_targets.float32_only_scan",
+                    "--gdn-properties", "delta_rule_forward_parity", "--gdn-examples", "2",
+                    f"--gdn-known-failures={known}")
+    assert stale.returncode == 1 and "XPASS(strict)" in stale.stdout, stale.stdout[-2000:]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("no_such_property | | why\n")
+    usage = _pytest("--gdn-target", "gdn_kernels:xla", f"--gdn-known-failures={bad}")
+    assert usage.returncode == 4 and "no_such_property" in usage.stderr + usage.stdout
+
+
+def test_the_plugin_is_inert_without_a_target(tmp_path):
+    """Installed, in a session that names no target: no flag, environment
+    or profile change, no test of ours collected."""
+    (tmp_path / "test_mine.py").write_text(
+        "import os\nfrom hypothesis import settings\n"
+        "def test_untouched():\n"
+        "    assert os.environ.get('XLA_FLAGS') is None\n"
+        "    assert settings.get_current_profile_name() == 'default'\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GDN_", "XLA_FLAGS"))}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:]
+    assert "gdn-verify" not in proc.stdout
+
+
+def test_what_declares_nothing_optional_lists_its_needs():
+    """Every need a property declares is one a declaration can lack."""
+    from .declaration import NEEDS
+    for prop in PROPERTIES.values():
+        for need in prop.needs:
+            assert need in NEEDS or need.startswith("chunk_size:"), (prop.id, need)
+    assert {n for p in PROPERTIES.values() for n in p.needs} >= {
+        "sharded", "l2norm_hooks", "segment_ids", "carried_state", "validates_input"}
+    assert dataclasses.fields(Supports)
