@@ -209,6 +209,8 @@ class Suite:
         name, st = next(iter(data.items()))
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
+            if getattr(terminal, "_width_of_current_line", 0):   # after xdist's dots
+                terminal.write("\n")
             terminal.write_line(f"gdn-verify: {progress_line(name, st)}")
 
     @pytest.hookimpl(optionalhook=True)

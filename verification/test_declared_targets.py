@@ -164,10 +164,11 @@ def test_a_declaration_rejects_what_is_not_callable():
 
 
 def _pytest(*args, env=None):
+    """The property tests in a subprocess, ci profile (derandomized)."""
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "verification/test_properties.py", *args],
                           capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env=dict(os.environ, **(env or {})))
+                          env=dict(os.environ, GDN_PROFILE="ci", **(env or {})))
 
 
 def test_not_checkable_is_a_skip_and_strict_fails_it():
@@ -188,7 +189,7 @@ def test_known_failures_xfail_and_a_stale_entry_fails(tmp_path):
                      "mixer_forward_parity | o | beta applied twice (a mutant)\n")
     proc = _pytest("--gdn-target", "gdn_mutant_beta_applied_twice:xla",
                    "--gdn-properties", "delta_rule_forward_parity,mixer_forward_parity",
-                   "--gdn-examples", "2", f"--gdn-known-failures={known}")
+                   "--gdn-examples", "6", f"--gdn-known-failures={known}")
     assert proc.returncode == 0 and "2 xfailed" in proc.stdout, proc.stdout[-2000:]
     stale = _pytest("--gdn-target", "verification.foreign_targets.float32_only_scan",
                     "--gdn-properties", "delta_rule_forward_parity", "--gdn-examples", "2",
