@@ -209,7 +209,9 @@ def test_the_plugin_is_inert_without_a_target(tmp_path):
         "def test_untouched():\n"
         "    assert os.environ.get('XLA_FLAGS') is None\n"
         "    assert settings.get_current_profile_name() == 'default'\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GDN_", "XLA_FLAGS"))}
+    # (CI unset: Hypothesis itself loads a "ci" profile where CI is set)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GDN_", "XLA_FLAGS")) and k != "CI"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:]

@@ -65,6 +65,7 @@ class Author:
         self.env.update(XLA_FLAGS="--xla_cpu_enable_fast_math=false", GDN_EXAMPLES=EXAMPLES,
                         PYTHONDONTWRITEBYTECODE="1")
         self.env.pop("VIRTUAL_ENV", None)
+        self.env.pop("CI", None)        # Hypothesis loads its own "ci" profile where CI is set
         self.env["PATH"] = os.pathsep.join(
             p for p in self.env.get("PATH", "").split(os.pathsep)
             if not p.startswith(os.path.dirname(sys.executable)))
