@@ -3,9 +3,11 @@
   gdn-verify [run] [--target MODULE[:IMPL]] [--profile dev|ci|nightly|repro]
                    [--seed N] [--examples N] [--properties ID,...] [--scope properties|all]
                    [--strict] [--known-failures FILE] [--junit-xml FILE] [--json FILE]
-                   [-- PYTEST ARGS]
-      run the verification suite on a target (default gdn_kernels:pallas; the
-      current directory is importable) and print the per-property summary
+                   [--jobs N] [--no-compile-cache] [-- PYTEST ARGS]
+      the main job: the properties on a target (default gdn_kernels:pallas; the
+      current directory is importable) on every core (pytest-xdist), with the
+      persistent compilation cache, and the per-property summary (--scope all
+      adds this repository's self-tests: the tests command runs those)
   gdn-verify list
       the registered properties (family, what each needs of a target) and
       the seeded-bug mutants (what each breaks, which properties kill it)
@@ -41,12 +43,18 @@ COMMANDS = ("run", "list", "replay", "mutants", "merge-reports", "bench")
 SHARED = {"target": ("run", "replay"), "profile": ("run",), "seed": ("run",),
           "examples": ("run", "mutants"), "properties": ("run",), "scope": ("run",),
           "strict": ("run",), "known_failures": ("run",), "junit_xml": ("run",),
-          "json": ("run",), "report_dir": ("mutants", "merge-reports")}
+          "json": ("run",), "report_dir": ("mutants", "merge-reports"),
+          "jobs": ("run", "mutants"), "no_compile_cache": ("run", "mutants")}
 
 
 def _suite_args(args) -> List[str]:
     """The pytest arguments of `run`'s options."""
-    out = ["-p", "gdn_verify", "-q"]
+    out = ["-p", "gdn_verify", "-q", "--gdn-scope", args.get("scope") or "properties"]
+    jobs = args.get("jobs") or os.cpu_count() or 1
+    if jobs > 1 and _have_xdist():
+        out += ["-n", str(jobs), "--dist", "worksteal"]
+    if args.get("no_compile_cache"):
+        out += ["--gdn-no-compile-cache"]
     if args.get("target"):
         out += ["--gdn-target", args["target"]]
     if args.get("profile"):
@@ -57,8 +65,6 @@ def _suite_args(args) -> List[str]:
         out += ["--gdn-examples", str(args["examples"])]
     if args.get("properties"):
         out += ["--gdn-properties", args["properties"]]
-    if args.get("scope"):
-        out += ["--gdn-scope", args["scope"]]
     if args.get("strict"):
         out += ["--gdn-strict"]
     if args.get("known_failures"):
@@ -83,6 +89,11 @@ def run_suite(args: dict, extra: List[str]) -> int:
         print("gdn-verify: no tests were collected: failing", file=sys.stderr)
         return 1
     return int(code)
+
+
+def _have_xdist() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("xdist") is not None
 
 
 def _importable_cwd() -> None:
@@ -268,6 +279,12 @@ def _shared_options(parser, suppress: bool) -> None:
     parser.add_argument("--json", default=default, metavar="FILE",
                         help="write the JSON report (verdicts, per-property statistics)")
     parser.add_argument("--report-dir", default=default, metavar="DIR")
+    parser.add_argument("--jobs", type=int, default=default,
+                        help="processes at once (run: pytest-xdist workers; mutants: "
+                             "mutant runs); default: every core")
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        default=argparse.SUPPRESS if suppress else False,
+                        help="do not use the persistent compilation cache")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,9 +304,6 @@ def build_parser() -> argparse.ArgumentParser:
     mut.add_argument("--only", nargs="*", default=None)
     mut.add_argument("--shard", default=None, metavar="I/N",
                      help="run every N-th mutant run and baseline property, from the I-th")
-    mut.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                     help="mutant runs at once, each a fresh pytest process "
-                          "(default: the available cores)")
     merge = sub.add_parser("merge-reports", help="join suite shard reports into one verdict")
     _shared_options(merge, suppress=True)
     merge.add_argument("files", nargs="+")
@@ -338,11 +352,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return replay_all(args["files"], args.get("target"), args.get("module"))
     compile_settings.apply()
     if command == "mutants":
+        from . import compile_cache
+        compile_cache.configure(not args.get("no_compile_cache"))
         from .mutants.runner import main as mutants_main
         from .reports import parse_shard
         shard = parse_shard(args["shard"]) if args.get("shard") else None
         return mutants_main(args.get("only"), args.get("report_dir") or ".",
-                            args.get("examples"), args["jobs"], shard)
+                            args.get("examples"), args.get("jobs") or os.cpu_count() or 1,
+                            shard)
     return run_suite(args, extra)
 
 

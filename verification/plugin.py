@@ -57,6 +57,9 @@ def pytest_addoption(parser):
     group.addoption("--gdn-examples", default=None, type=int, metavar="N",
                     help="examples per property (before its weight) instead of the "
                          f"profile's (env {EXAMPLES_ENV})")
+    group.addoption("--gdn-no-compile-cache", action="store_true", default=False,
+                    help="do not use the persistent compilation cache (default: on, in "
+                         "JAX_COMPILATION_CACHE_DIR or <user cache>/gdn-verify/jax)")
     group.addoption("--gdn-shard", default=None, metavar="I/N",
                     help="run only shard I of N (1-based) of the selected tests: a stable "
                          "split by test id, for CI jobs whose reports `gdn-verify "
@@ -91,9 +94,11 @@ class Suite:
     """The active suite: its target, profile, options and the run's hooks."""
 
     def __init__(self, config, spec: str):
-        from . import compile_settings
+        from . import compile_cache, compile_settings
         # before this process's first XLA computation (see compile_settings)
         self.compile_settings = compile_settings.apply()
+        self.compile_cache = compile_cache.configure(
+            not config.getoption("--gdn-no-compile-cache"))
         _importable_invocation_dir(config)
         from .targets import Target, TargetError
         try:
@@ -122,12 +127,21 @@ class Suite:
         if config.args_source != pytest.Config.ArgsSource.ARGS:
             config.args[:] = [SUITE_DIR if self.scope == "all" else PROPERTY_TESTS]
         self.start, self.compiles0 = time.perf_counter(), self._compiles()
-        self.worker_compiles = 0
+        self.worker_compiles = self.worker_hits = 0
+        self.hits0 = self._hits()
         self.test_seconds: dict = {}
         config.addinivalue_line("markers", f"{harness.MARKER}(id): the test of registered "
                                            "property <id> (verification/registry.py)")
 
     # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _hits() -> int:
+        from . import runners
+        return runners.cache_hit_count()
+
+    def cache_hits(self) -> int:
+        return self._hits() - self.hits0 + self.worker_hits
+
     @staticmethod
     def _compiles() -> int:
         from . import runners
@@ -145,7 +159,8 @@ class Suite:
         return [f"gdn-verify: target={self.target.spec} profile={self.profile_name()} "
                 f"max_examples={s.max_examples} derandomize={s.derandomize} "
                 f"scope={self.scope}" + (" strict" if self._strict() else ""),
-                f"gdn-verify: {self.compile_settings}"]
+                f"gdn-verify: {self.compile_settings}",
+                f"gdn-verify: {self.compile_cache}"]
 
     def _strict(self) -> bool:
         from . import harness
@@ -216,15 +231,16 @@ class Suite:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
         """pytest-xdist controller: add a finished worker's XLA compiles."""
-        payload = getattr(node, "workeroutput", {}).get("gdn_compiles")
-        if payload:
-            self.worker_compiles += int(payload)
+        output = getattr(node, "workeroutput", {})
+        self.worker_compiles += int(output.get("gdn_compiles", 0))
+        self.worker_hits += int(output.get("gdn_cache_hits", 0))
 
     def pytest_sessionfinish(self, session, exitstatus):
         from . import harness
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:          # a pytest-xdist worker: report to the controller
             workeroutput["gdn_compiles"] = str(self._compiles() - self.compiles0)
+            workeroutput["gdn_cache_hits"] = str(self._hits())
             return
         path = os.environ.get("GDN_STATS_FILE")
         if path:
@@ -233,6 +249,7 @@ class Suite:
                            "profile": self.profile_name(),
                            "properties": harness.stats_json(),
                            "compiles": self.total_compiles(),
+                           "cache_hits": self.cache_hits(),
                            "test_seconds": self.test_seconds}, f)
 
     def total_compiles(self) -> int:
@@ -348,8 +365,8 @@ def verdict_lines(suite: Suite, stats) -> list:
     compiles = suite.total_compiles()
     lines = [f"target {suite.target.spec} (profile {suite.profile_name()}, scope "
              f"{suite.scope}): {len(stats)} properties, {examples} examples checked, "
-             f"{compiles} XLA compiles"
-             + (f" ({examples / compiles:.2f} examples per compile)" if compiles else "")
+             f"{compiles} programs built ({suite.cache_hits()} read from the compile cache)"
+             + (f", {examples / compiles:.2f} examples per program" if compiles else "")
              + f", {time.perf_counter() - suite.start:.0f} s"]
     held = by.get(harness.HELD, [])
     lines.append(f"  held on the target: {len(held)} properties")

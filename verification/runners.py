@@ -24,7 +24,10 @@ DELTA_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
 MIXER_INPUTS = ("x", "conv_weight", "a", "b", "a_log", "dt_bias")
 
 # -------------------------------------------------------------- compile count
-_compiles = {"n": 0, "s": 0.0}
+# n: programs built (an XLA compile, or an executable read from the
+# persistent compilation cache: either way a jit cache miss, which the
+# recompilation properties count); hits: those read from the cache.
+_compiles = {"n": 0, "s": 0.0, "hits": 0}
 _lock = threading.Lock()
 # Where a new program's time goes before it runs: tracing to a jaxpr,
 # lowering to StableHLO, XLA's compile (the last one counts the compiles;
@@ -41,12 +44,27 @@ def _on_event(event: str, duration: float, **_):
             _compiles["n"] += event == _COMPILE_EVENTS[-1]
 
 
+def _on_plain_event(event: str, **_):
+    if event == _CACHE_HIT:
+        with _lock:
+            _compiles["n"] += 1
+            _compiles["hits"] += 1
+
+
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
 jax.monitoring.register_event_duration_secs_listener(_on_event)
+jax.monitoring.register_event_listener(_on_plain_event)
+
+
+def cache_hit_count() -> int:
+    """Programs this process read from the persistent compilation cache."""
+    return _compiles["hits"]
 
 
 def compile_count() -> int:
-    """XLA backend compiles so far for this process's checks: its own and
-    those its mesh workers ran (verification/mesh_worker.py)."""
+    """Programs built so far for this process's checks (XLA compiles and
+    persistent-cache reads): its own and those its mesh workers ran
+    (verification/mesh_worker.py)."""
     from .mesh_worker import WORKER_COMPILES
     return _compiles["n"] + WORKER_COMPILES["n"]
 
