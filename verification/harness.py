@@ -81,12 +81,15 @@ def check_property(name: str, target, case, record: bool = True) -> List[TensorE
     known-failures file does not apply); on failure keep (case, target,
     rows) as the property's latest failing example (after shrinking,
     Hypothesis replays the minimal one last). A case the target does not
-    declare support for is one not-checkable row; the target is not run."""
+    declare support for is not run: in a property's test (record) it is
+    rejected, Hypothesis drawing another; else it is one not-checkable row."""
     stats = STATS.setdefault(name, PropertyStats()) if record else PropertyStats()
     prop = load_all()[name]
     reason = prop.not_checkable(target, case)
     if reason:
         _add_reason(stats, reason)
+        if record:              # in a property's test: Hypothesis draws another case
+            reject()
         return [not_checkable_row(name, reason)]
     c0, s0, t0 = runners.compile_count(), runners.compile_seconds(), time.perf_counter()
     try:
@@ -172,20 +175,22 @@ def hypothesis_test(p: Property):
     its strategy's within its share of the profile's example budget; a case
     the target cannot take is rejected (Hypothesis draws another); marked
     gdn_property(<id>) for selection by id (--gdn-properties)."""
-    def one_example(gdn_target, case):
-        rows = check_property(p.id, gdn_target, case)
-        if len(rows) == 1 and is_not_checkable(rows[0]) and rows[0].name == p.id:
-            reject()                               # declared unsupported: not run
+    # Hypothesis derives a test's database key, and the derandomized
+    # profiles their examples, from its source, name and signature: this
+    # function is kept as it was (the ci profile draws the examples it drew,
+    # and each mutant meets the examples that killed it). The generated tests
+    # share one source, so the property id is added to the key.
+    def test(gdn_target, case):
+        check_property(p.id, gdn_target, case)
 
-    # Hypothesis keys its example database by the test's source: the
-    # generated tests share one, so the property id is added to the key.
-    one_example._hypothesis_internal_add_digest = p.id.encode()
-    given_test = given(case=p.strategy)(one_example)
+    test.__name__ = test.__qualname__ = f"test_{p.id}"
+    test._hypothesis_internal_add_digest = p.id.encode()
+    given_test = given(case=p.strategy)(test)
     for case in reversed(p.examples):
         given_test = example(case=case)(given_test)
     given_test = examples(p.weight)(given_test)
 
-    def test(gdn_target):
+    def property_test(gdn_target):
         stats = STATS.setdefault(p.id, PropertyStats())
         reason = p.not_checkable(gdn_target)
         if reason:
@@ -204,9 +209,9 @@ def hypothesis_test(p: Property):
                 raise
         conclude_test(p, stats)
 
-    test.__name__ = test.__qualname__ = f"test_{p.id}"
-    test.__doc__ = p.doc
-    return getattr(pytest.mark, MARKER)(p.id)(test)
+    property_test.__name__ = property_test.__qualname__ = f"test_{p.id}"
+    property_test.__doc__ = p.doc
+    return getattr(pytest.mark, MARKER)(p.id)(property_test)
 
 
 def verdict_of(p: Property, target, cases) -> Tuple[str, PropertyStats]:
