@@ -47,30 +47,26 @@ SHARED = {"target": ("run", "replay"), "profile": ("run",), "seed": ("run",),
           "jobs": ("run", "mutants"), "no_compile_cache": ("run", "mutants")}
 
 
+# `run`'s options as pytest options: valued ones (passed as --opt=VALUE: pytest
+# guesses its root directory from bare arguments before plugins add options),
+# then flags.
+PYTEST_VALUED = {"target": "--gdn-target", "profile": "--hypothesis-profile",
+                 "seed": "--hypothesis-seed", "examples": "--gdn-examples",
+                 "properties": "--gdn-properties", "known_failures": "--gdn-known-failures",
+                 "junit_xml": "--junitxml"}
+PYTEST_FLAGS = {"strict": "--gdn-strict", "no_compile_cache": "--gdn-no-compile-cache"}
+
+
 def _suite_args(args) -> List[str]:
-    """The pytest arguments of `run`'s options."""
-    out = ["-p", "gdn_verify", "-q", "--gdn-scope", args.get("scope") or "properties"]
+    """The pytest arguments of `run`'s options: properties only unless
+    --scope all, on every core unless --jobs 1."""
+    out = ["-p", "gdn_verify", "-q", f"--gdn-scope={args.get('scope') or 'properties'}"]
     jobs = args.get("jobs") or os.cpu_count() or 1
     if jobs > 1 and _have_xdist():
         out += ["-n", str(jobs), "--dist", "worksteal"]
-    if args.get("no_compile_cache"):
-        out += ["--gdn-no-compile-cache"]
-    if args.get("target"):
-        out += ["--gdn-target", args["target"]]
-    if args.get("profile"):
-        out += ["--hypothesis-profile", args["profile"]]
-    if args.get("seed") is not None:
-        out += ["--hypothesis-seed", str(args["seed"])]
-    if args.get("examples"):
-        out += ["--gdn-examples", str(args["examples"])]
-    if args.get("properties"):
-        out += ["--gdn-properties", args["properties"]]
-    if args.get("strict"):
-        out += ["--gdn-strict"]
-    if args.get("known_failures"):
-        out += ["--gdn-known-failures", args["known_failures"]]
-    if args.get("junit_xml"):
-        out += ["--junitxml", args["junit_xml"]]
+    out += [f"{flag}={args[name]}" for name, flag in PYTEST_VALUED.items()
+            if args.get(name) is not None]
+    out += [flag for name, flag in PYTEST_FLAGS.items() if args.get(name)]
     return out
 
 

@@ -49,12 +49,11 @@ def test_run_options_become_pytest_options():
                      "--properties", "determinism", "--junit-xml", "r.xml",
                      "--known-failures", "k.txt", "--scope", "all"])
     out = _suite_args(args)
-    for pair in (["--gdn-target", "m"], ["--hypothesis-seed", "7"], ["--gdn-examples", "3"],
-                 ["--gdn-properties", "determinism"], ["--junitxml", "r.xml"],
-                 ["--gdn-known-failures", "k.txt"], ["--gdn-scope", "all"]):
-        i = out.index(pair[0])
-        assert out[i:i + 2] == pair
-    assert "--gdn-strict" in out
+    for option in ("--gdn-target=m", "--hypothesis-seed=7", "--gdn-examples=3",
+                   "--gdn-properties=determinism", "--junitxml=r.xml",
+                   "--gdn-known-failures=k.txt", "--gdn-scope=all", "--gdn-strict"):
+        assert option in out, (option, out)
+    assert "--gdn-scope=properties" in _suite_args(parse(["run"])[0])
 
 
 def test_list_names_every_property_and_mutant(capsys):
