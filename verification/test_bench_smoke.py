@@ -135,3 +135,20 @@ def test_strong_decay_accuracy_table_against_the_oracle():
     assert errs["plain-chunked"]["dg"] > 3 * errs["xla"]["dg"], errs
     md = "\n".join(accuracy.markdown_section(doc))
     assert "| plain-chunked |" in md and "| delta_rule impl |" in md
+
+
+def test_main_job_benchmark_runs_cold_then_warm(tmp_path):
+    """python -m benchmarks.main_job: one round on a foreign target, two
+    properties, one example each; the warm run reads the cold run's programs."""
+    out = tmp_path / "main-job.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.main_job", "--rounds", "1",
+                           "--target", "verification.foreign_targets.float32_only_scan",
+                           "--examples", "1", "--properties", "split_invariance,causality",
+                           "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    cold, warm = doc["runs"]["cold"][0], doc["runs"]["warm"][0]
+    assert cold["properties"] == warm["properties"] == 2 and cold["examples"] >= 2
+    assert cold["cache_hits"] == 0 and warm["cache_hits"] > 0
+    assert "| warm (median of 1) |" in proc.stdout
