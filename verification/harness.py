@@ -52,6 +52,7 @@ class PropertyStats:
     compile_s: float = 0.0        # of seconds: tracing, lowering and compiling new programs
     first_failure_at: int = 0     # 1-based example index of the first failure
     not_checkable: int = 0        # examples that could not be checked (declared or numeric)
+    unresolved: int = 0           # of those, examples the target ran on (numeric reasons)
     known_failures: int = 0       # failing examples covered by the known-failures file
     verdict: str = ""
     reasons: Dict[str, int] = dataclasses.field(default_factory=dict)   # not checkable: why
@@ -61,8 +62,6 @@ class PropertyStats:
     def checked(self) -> int:
         """Examples whose check resolved the question."""
         return max(0, self.examples - self.unresolved)
-
-    unresolved: int = 0           # examples the target ran on whose check could not resolve
 
 
 STATS: Dict[str, PropertyStats] = {}
@@ -140,7 +139,7 @@ def examples(weight: float):
     return settings(max_examples=max(1, int(round(base * weight))))
 
 
-def _reasons_text(stats: PropertyStats) -> str:
+def reasons_text(stats: PropertyStats) -> str:
     return "; ".join(f"{why} ({n} example{'s' if n > 1 else ''})"
                      for why, n in sorted(stats.reasons.items(), key=lambda kv: -kv[1]))
 
@@ -158,7 +157,7 @@ def conclude_test(p: Property, stats: PropertyStats) -> None:
                     pytrace=False)
     if stats.not_checkable and (OPTIONS.strict or not stats.checked):
         stats.verdict = NOT_CHECKABLE
-        message = f"{NOT_CHECKABLE}: {_reasons_text(stats)}"
+        message = f"{NOT_CHECKABLE}: {reasons_text(stats)}"
         if OPTIONS.strict:
             pytest.fail(f"--gdn-strict: {p.id}: {message}", pytrace=False)
         if not stats.known_failures:

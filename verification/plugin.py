@@ -346,7 +346,7 @@ def summary_lines(suite: Suite):
         worst = _worst_row(st)
         w = _worst_text(worst) if worst else "-"
         if st.reasons:
-            w += f"; not checkable: {harness._reasons_text(st)}"
+            w += f"; not checkable: {harness.reasons_text(st)}"
         per = f"{st.examples / st.compiles:.1f}" if st.compiles else "-"
         lines.append(f"{name:<42}{st.verdict or '-':>14}{st.examples:>9}{st.not_checkable:>5}"
                      f"{st.failures:>5}{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
