@@ -294,7 +294,8 @@ def _permuted(named, order) -> Dict[str, np.ndarray]:
 
 
 @prop("padding_transparency", family="packing",
-      strategy=mixer_cases(packed=True, where=_no_batch_shared_time_params), weight=0.25, needs=("segment_ids",),
+      strategy=mixer_cases(packed=True, where=_no_batch_shared_time_params), weight=0.25,
+      needs=("segment_ids",),
       wrong_target="gdn_mutant_conv_ignores_padding:xla", covers=MIXER_PACKED_COVERS)
 def padding_transparency(target, case: MixerCase):
     """Moving every padding token to the end of its row (documents and their

@@ -133,7 +133,8 @@ def prompt_then_decode(target, case: MixerCase):
 
 @prop("state_gradient_parity", family="state",
       strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
-      wrong_target="gdn_mutant_incoming_state_gradient_dropped:xla", weight=0.25, needs=("carried_state",),
+      wrong_target="gdn_mutant_incoming_state_gradient_dropped:xla", weight=0.25,
+      needs=("carried_state",),
       covers={"packed": lambda c: bool(c.segments), "bfloat16": lambda c: c.dtype == "bfloat16",
               "T=1": lambda c: c.seq_len == 1, "T=C+1 or longer": lambda c: c.seq_len > c.chunk},
       on_sharded_target=True)
@@ -190,7 +191,8 @@ def _decode_case(geo) -> bool:
 
 
 @prop("decode_drift", family="state", strategy=mixer_cases(where=_decode_case),
-      wrong_target="gdn_mutant_state_downcast_between_calls:xla", weight=0.15, needs=("carried_state",),
+      wrong_target="gdn_mutant_state_downcast_between_calls:xla", weight=0.15,
+      needs=("carried_state",),
       covers={"strong decay": lambda c: c.gate_regime == "strong_decay"})
 def decode_drift(target, case: MixerCase):
     """bfloat16 activations, float32 state: a prompt then 256 decode steps
@@ -209,7 +211,8 @@ def decode_drift(target, case: MixerCase):
 
 @prop("decode_compiles_once", family="state",
       strategy=mixer_cases(where=_no_time_params, near_zero=False),
-      wrong_target="verification.wrong_targets.recompiling_decode", weight=0.1, needs=("carried_state",),
+      wrong_target="verification.wrong_targets.recompiling_decode", weight=0.1,
+      needs=("carried_state",),
       covers={"bfloat16": lambda c: c.dtype == "bfloat16", "GVA": lambda c: c.group > 1})
 def decode_compiles_once(target, case: MixerCase):
     """A decode loop of 256 single-token calls compiles nothing after its
