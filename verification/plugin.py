@@ -246,6 +246,7 @@ class Suite:
         if path:
             with open(path, "w") as f:
                 json.dump({"exitstatus": int(exitstatus), "target": self.target.spec,
+                           "shard": self.config.getoption("--gdn-shard") or "1/1",
                            "profile": self.profile_name(),
                            "properties": harness.stats_json(),
                            "compiles": self.total_compiles(),

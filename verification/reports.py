@@ -41,13 +41,34 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
+def missing_shards(reports: List[dict]) -> List[str]:
+    """The shards "I/N" absent from these reports (each names its shard; a
+    report without one counts as 1/1), or a mismatch of N, as messages."""
+    named = [parse_shard(r.get("shard") or "1/1") for r in reports]
+    totals = sorted({n for _, n in named})
+    if len(totals) > 1:
+        return [f"reports of differently split runs: N in {totals}"]
+    if not totals:
+        return ["no report"]
+    n = totals[0]
+    seen = [i for i, _ in named]
+    problems = [f"shard {i}/{n} missing" for i in range(1, n + 1) if i not in seen]
+    problems += [f"shard {i}/{n} given twice" for i in sorted(set(seen)) if seen.count(i) > 1]
+    return problems
+
+
 def merge(paths: List[str]) -> dict:
     """The merged report of the shard reports at paths (all suite reports or
-    all mutation reports)."""
+    all mutation reports); it fails when a shard's report is missing."""
     reports = [_load(p) for p in paths]
     if reports and all("mutants" in r for r in reports):
-        return _merge_mutation(reports)
-    return _merge_suite(reports)
+        merged = _merge_mutation(reports)
+    else:
+        merged = _merge_suite(reports)
+    merged["missing"] = missing_shards(reports)
+    if merged["missing"]:
+        merged["passed"] = False
+    return merged
 
 
 def _merge_mutation(reports: List[dict]) -> dict:
@@ -89,7 +110,9 @@ def markdown(report: dict) -> str:
         from .mutants.runner import markdown as mutation_table
         table = mutation_table({"mutants": report["mutants"], "baseline": report["baseline"],
                                 "summary": ""})
-        return (table.rstrip() + f"\n\n{'PASS' if report['passed'] else 'FAIL'}: "
+        missing = (f"FAIL: {'; '.join(report['missing'])}\n"
+                   if report.get("missing") else "")
+        return (table.rstrip() + f"\n\n{missing}{'PASS' if report['passed'] else 'FAIL'}: "
                 f"{report['shards']} shard(s); {report['summary']}")
     lines = ["| property | examples | failures | compiles | compile s | seconds | worst ratio |",
              "|---|---|---|---|---|---|---|"]
@@ -105,6 +128,8 @@ def markdown(report: dict) -> str:
     if report.get("test_seconds"):
         lines.append(projection_line(list(report["test_seconds"].values()), "test-session"))
         lines.append("")
+    if report.get("missing"):
+        lines.append(f"FAIL: {'; '.join(report['missing'])}")
     lines.append(f"{verdict}: {report['shards']} shard(s), "
                  f"{sum(st['examples'] for st in report['properties'].values())} examples, "
                  f"{report['compiles']} XLA compiles"

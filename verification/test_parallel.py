@@ -165,3 +165,24 @@ def test_merge_reports_command_writes_into_a_new_folder(tmp_path, capsys):
     assert main(["merge-reports", str(path), "--report-dir", str(out)]) == 0
     assert json.loads((out / "merged-report.json").read_text())["passed"]
     assert "kill rate: 1/1" in (out / "merged-report.md").read_text()
+
+
+def _suite_report(path, shard, failures=0):
+    path.write_text(json.dumps({"exitstatus": 0, "shard": shard, "compiles": 1,
+                                "properties": {f"p{shard[0]}": {
+                                    "examples": 2, "failures": failures,
+                                    "first_failure_at": 0, "seconds": 1.0, "compiles": 1,
+                                    "not_checkable": 0, "worst": []}}}))
+    return str(path)
+
+
+def test_merge_fails_when_a_shards_report_is_missing(tmp_path):
+    one, three = (_suite_report(tmp_path / f"s{i}.json", f"{i}/3") for i in (1, 3))
+    merged = reports.merge([one, three])
+    assert not merged["passed"] and merged["missing"] == ["shard 2/3 missing"]
+    assert "FAIL: shard 2/3 missing" in reports.markdown(merged)
+    two = _suite_report(tmp_path / "s2.json", "2/3")
+    assert reports.merge([one, two, three])["passed"]
+    assert not reports.merge([one, two, three, one])["passed"]           # given twice
+    other = _suite_report(tmp_path / "o.json", "1/2")
+    assert "differently split" in reports.merge([one, other])["missing"][0]
