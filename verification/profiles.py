@@ -24,8 +24,6 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 
 ENV_VAR = "GDN_PROFILE"
 DEFAULT = "dev"
@@ -42,8 +40,10 @@ EXAMPLES["kill"] = EXAMPLES["ci"]
 
 # filter_too_much: a case the target does not declare support for is
 # rejected (verification/harness.py), which may be most of a strategy's cases.
-_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large,
-             HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much]
+def _suppressed():
+    from hypothesis import HealthCheck
+    return [HealthCheck.too_slow, HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much]
 
 
 def local_database_dir() -> str:
@@ -54,12 +54,18 @@ def dev_database():
     """The local database, multiplexed with a shared read-only database when
     available (see verification.shared_db)."""
     from .shared_db import database_for_dev
+    from hypothesis.database import DirectoryBasedExampleDatabase
     return database_for_dev(DirectoryBasedExampleDatabase(local_database_dir()))
 
 
 def register_profiles(examples: Optional[int] = None) -> None:
     """Register the profiles; examples (--gdn-examples) replaces every
-    profile's examples per property."""
+    profile's examples per property. (Hypothesis is imported here, not with
+    the module: `gdn-verify` reads PROFILES before pytest starts, and pytest
+    can only rewrite the asserts of plugins it imports itself.)"""
+    from hypothesis import Phase, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    _SUPPRESS = _suppressed()
     count = (lambda name: examples) if examples else EXAMPLES.get
     settings.register_profile(
         "dev", max_examples=count("dev"), deadline=None,
