@@ -92,13 +92,6 @@ def _have_xdist() -> bool:
     return importlib.util.find_spec("xdist") is not None
 
 
-def _importable_cwd() -> None:
-    """The current directory on the import path, as `python -m pytest` has
-    it: a target module there imports (run, replay, mutants)."""
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
-
 def _default_target() -> str:
     from .targets import DEFAULT_TARGET
     return DEFAULT_TARGET
@@ -336,7 +329,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return bench_main(argv[1:])
     args, extra = parse(argv)
     command = args["command"]
-    _importable_cwd()
+    from .targets import make_importable
+    make_importable(os.getcwd())          # a target module here imports (run, replay, mutants)
     if command == "list":
         return list_command()
     if command == "merge-reports":

@@ -63,6 +63,11 @@ class PropertyStats:
         """Examples whose check resolved the question."""
         return max(0, self.examples - self.unresolved)
 
+    @property
+    def nothing_checked(self) -> bool:
+        """Some example could not be checked, and none was."""
+        return bool(self.not_checkable) and not self.checked
+
 
 STATS: Dict[str, PropertyStats] = {}
 LAST_FAILURE: Dict[str, tuple] = {}
@@ -74,15 +79,20 @@ def _add_reason(stats: PropertyStats, reason: str) -> None:
     stats.reasons[reason] = stats.reasons.get(reason, 0) + 1
 
 
-def check_property(name: str, target, case, record: bool = True) -> List[TensorError]:
+def check_property(name: str, target, case, record: bool = True,
+                   stats: Optional[PropertyStats] = None) -> List[TensorError]:
     """Run one property on one case, recording statistics (record=False: the
     meta-tests' runs on wrong targets stay out of the summary, and the
     known-failures file does not apply); on failure keep (case, target,
     rows) as the property's latest failing example (after shrinking,
     Hypothesis replays the minimal one last). A case the target does not
     declare support for is not run: in a property's test (record) it is
-    rejected, Hypothesis drawing another; else it is one not-checkable row."""
-    stats = STATS.setdefault(name, PropertyStats()) if record else PropertyStats()
+    rejected, Hypothesis drawing another; else it is one not-checkable row.
+    stats: where an unrecorded run counts (default: a throwaway)."""
+    if record:
+        stats = STATS.setdefault(name, PropertyStats())
+    elif stats is None:
+        stats = PropertyStats()
     prop = load_all()[name]
     reason = prop.not_checkable(target, case)
     if reason:
@@ -155,7 +165,7 @@ def conclude_test(p: Property, stats: PropertyStats) -> None:
         pytest.fail(f"[XPASS(strict)] {p.id}: known failure(s) {stale} did not fail in "
                     f"{stats.examples} example(s): remove them from the known-failures file",
                     pytrace=False)
-    if stats.not_checkable and (OPTIONS.strict or not stats.checked):
+    if stats.not_checkable and (OPTIONS.strict or stats.nothing_checked):
         stats.verdict = NOT_CHECKABLE
         message = f"{NOT_CHECKABLE}: {reasons_text(stats)}"
         if OPTIONS.strict:
@@ -197,14 +207,10 @@ def hypothesis_test(p: Property):
         else:
             try:
                 given_test(gdn_target)
-            except PropertyFailure:
-                stats.verdict = FAILED
-                raise
             except Unsatisfiable:
                 pass                                # every drawn case was not checkable
-            except BaseException as err:
-                if isinstance(err, Exception):
-                    stats.verdict = FAILED
+            except Exception:                       # pytest's skip/xfail/fail pass through
+                stats.verdict = FAILED
                 raise
         conclude_test(p, stats)
 
@@ -222,19 +228,11 @@ def verdict_of(p: Property, target, cases) -> Tuple[str, PropertyStats]:
         _add_reason(stats, reason)
         return NOT_CHECKABLE, stats
     for case in cases:
-        case_reason = p.not_checkable(target, case)
-        if case_reason:
-            _add_reason(stats, case_reason)
-            continue
         try:
-            rows = p.run(target, case)
+            check_property(p.id, target, case, record=False, stats=stats)
         except PropertyFailure:
             return FAILED, stats
-        stats.examples += 1
-        if any(is_not_checkable(r) for r in rows):
-            stats.unresolved += 1
-            stats.not_checkable += 1
-    return (NOT_CHECKABLE if stats.not_checkable and not stats.checked else HELD), stats
+    return (NOT_CHECKABLE if stats.nothing_checked else HELD), stats
 
 
 def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:

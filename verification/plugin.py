@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import pytest
@@ -83,13 +82,6 @@ def pytest_configure(config):
         config.pluginmanager.register(fixtures, "gdn_verify_fixtures")
 
 
-def _importable_invocation_dir(config) -> None:
-    """The invocation directory on sys.path, as `python -m pytest` has it."""
-    here = str(config.invocation_params.dir)
-    if here not in sys.path and os.path.abspath(here) not in map(os.path.abspath, sys.path):
-        sys.path.insert(0, here)
-
-
 class Suite:
     """The active suite: its target, profile, options and the run's hooks."""
 
@@ -99,8 +91,8 @@ class Suite:
         self.compile_settings = compile_settings.apply()
         self.compile_cache = compile_cache.configure(
             not config.getoption("--gdn-no-compile-cache"))
-        _importable_invocation_dir(config)
-        from .targets import Target, TargetError
+        from .targets import Target, TargetError, make_importable
+        make_importable(str(config.invocation_params.dir))
         try:
             self.target = Target.parse(spec)
         except TargetError as err:
@@ -239,8 +231,8 @@ class Suite:
         from . import harness
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:          # a pytest-xdist worker: report to the controller
-            workeroutput["gdn_compiles"] = str(self._compiles() - self.compiles0)
-            workeroutput["gdn_cache_hits"] = str(self._hits())
+            workeroutput["gdn_compiles"] = str(self.total_compiles())
+            workeroutput["gdn_cache_hits"] = str(self.cache_hits())
             return
         path = os.environ.get("GDN_STATS_FILE")
         if path:

@@ -17,9 +17,10 @@ import functools
 import importlib
 import math
 import os
+import sys
 from typing import Optional, Tuple
 
-from .declaration import KernelDeclaration, case_needs, declaration_of, unmet
+from .declaration import KernelDeclaration, declaration_of, unmet
 
 ENV_VAR = "GDN_TARGET"
 DEFAULT_TARGET = "gdn_kernels:pallas"
@@ -28,6 +29,13 @@ DEFAULT_TARGET = "gdn_kernels:pallas"
 OUR_MODULES = ("gdn_kernels",)
 # The mesh axis names a target spec may use, and what each splits.
 BATCH_AXIS, HEAD_AXIS = "data", "model"
+
+
+def make_importable(directory: str) -> None:
+    """directory on sys.path (first), unless it is there already: a target
+    module in it imports, as under `python -m pytest`."""
+    if os.path.abspath(directory) not in map(os.path.abspath, sys.path):
+        sys.path.insert(0, directory)
 
 
 class TargetError(ValueError):
@@ -112,9 +120,7 @@ class Target:
 
     @property
     def module(self):
-        from .mutants import ensure_importable
-        ensure_importable(self.module_name)
-        return importlib.import_module(self.module_name)
+        return _import(self.module_name)
 
     @property
     def declaration(self) -> KernelDeclaration:
@@ -133,11 +139,11 @@ class Target:
             raise ValueError(f"a mesh target needs sharded(), which "
                              f"{self.module_name!r} does not declare (contract section 8)")
 
-    def not_checkable(self, needs=(), case=None) -> Optional[str]:
-        """Why a property with these needs (and this case) cannot be checked
-        on this target, or None when it can."""
-        return unmet(self.declaration,
-                     tuple(needs) + (case_needs(case) if case is not None else ()))
+    def not_checkable(self, needs) -> Optional[str]:
+        """Why a check with these needs (registry.Property.not_checkable
+        gathers a property's and a case's) cannot be made on this target,
+        or None when it can."""
+        return unmet(self.declaration, tuple(needs))
 
     def impl_kwargs(self) -> dict:
         return {"impl": self.impl} if self.impl else {}
@@ -183,8 +189,13 @@ def sharded_ops(target: "Target", axes, batch_axis, head_axis):
                                       head_axis=head_axis)
 
 
-@functools.lru_cache(maxsize=None)
-def _declaration(module_name: str) -> KernelDeclaration:
+def _import(module_name: str):
+    """The target's module (a seeded-bug mutant is materialised first)."""
     from .mutants import ensure_importable
     ensure_importable(module_name)
-    return declaration_of(importlib.import_module(module_name))
+    return importlib.import_module(module_name)
+
+
+@functools.lru_cache(maxsize=None)
+def _declaration(module_name: str) -> KernelDeclaration:
+    return declaration_of(_import(module_name))
