@@ -151,7 +151,8 @@ def reference_mixer(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                     num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
                     scale, chunk_size=None, segment_ids=None, state=None,
                     return_state=False):
-    """gdn_decoupled_conv1d by the contract's semantics, token scan inside.
+    """gdn_decoupled_conv1d by the contract's semantics: the layer
+    (reference_layer), then the token scan.
 
     x [B, T, C]; conv_weight [K, C]; a, b [B, T, Hv]; a_log, dt_bias [Hv],
     [B', Hv] or [B', T', Hv]; segment_ids [B, T] integer or None (section 6;
@@ -163,102 +164,89 @@ def reference_mixer(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
     del chunk_size  # the token scan has no chunks
     conv0, rec0 = (None, None) if state is None else (state.conv, state.recurrent)
     dt = compute_dtype(x, conv_weight, a, b, a_log, dt_bias, conv0, rec0)
-    a_log3 = _param_rank3(a_log.astype(dt))
-    dt_bias3 = _param_rank3(dt_bias.astype(dt))
-    dims = (num_k_heads, num_v_heads, head_k_dim, head_v_dim)
-    bsz, t, c = x.shape
-    x_dt, w = x.astype(dt), conv_weight.astype(dt)
-    if conv0 is None:
-        hist0 = jnp.zeros((bsz, w.shape[0] - 1, c), dt)
-        s0 = jnp.zeros((bsz, num_v_heads, head_k_dim, head_v_dim), dt)
-    else:
-        hist0, s0 = conv0.astype(dt), rec0.astype(dt)
-    if segment_ids is not None:
-        o, (s_final, hist_final) = _segment_mixer_scan(
-            x_dt, w, a.astype(dt), b.astype(dt), a_log3, dt_bias3, segment_ids,
-            dims=dims, use_qk_norm=use_qk_norm, eps=eps, scale=scale, s0=s0,
-            hist0=hist0)
-    else:
-        if state is None:     # zero history: the causal conv's own zero padding
-            y = reference_conv1d_silu(x_dt, w)
-        else:
-            y = _conv1d_silu_valid(jnp.concatenate([hist0, x_dt], axis=1), w)
-        nq = num_k_heads * head_k_dim
-        q = y[..., :nq].reshape(bsz, t, num_k_heads, head_k_dim)
-        k = y[..., nq:2 * nq].reshape(bsz, t, num_k_heads, head_k_dim)
-        v = y[..., 2 * nq:].reshape(bsz, t, num_v_heads, head_v_dim)
-        if use_qk_norm:
-            q = q / jnp.sqrt(jnp.sum(q * q, axis=-1, keepdims=True) + eps)
-            k = k / jnp.sqrt(jnp.sum(k * k, axis=-1, keepdims=True) + eps)
-        g = -jnp.exp(a_log3) * jax.nn.softplus(a.astype(dt) + dt_bias3)
-        beta = jax.nn.sigmoid(b.astype(dt))
-        o, s_final = token_scan(q, k, v, g, beta, scale,
-                                None if state is None else s0)
-        # the last K-1 inputs of history-then-x (part of the history when T < K-1)
-        hist_final = jnp.concatenate([hist0, x_dt], axis=1)[:, t:]
+    q, k, v, g, beta, hist_final = reference_layer(
+        x, conv_weight, a, b, a_log, dt_bias, num_k_heads=num_k_heads,
+        num_v_heads=num_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+        use_qk_norm=use_qk_norm, eps=eps, segment_ids=segment_ids, conv_state=conv0,
+        dtype=dt)
+    s0 = None if state is None else rec0.astype(dt)
+    o, s_final = token_scan(q, k, v, g, beta, scale, s0, segment_ids)
     o = o.astype(x.dtype)
     if not return_state:
         return o
     return o, GDNState(conv=hist_final.astype(x.dtype), recurrent=s_final)
 
 
-def _mixer_token(window, w, a_t, b_t, a_log_t, dt_bias_t, *, dims, use_qk_norm, eps):
-    """The mixer's per-token stages before the recurrence.
+def reference_layer(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, num_v_heads,
+                    head_k_dim, head_v_dim, use_qk_norm, eps, segment_ids=None,
+                    conv_state=None, dtype=None):
+    """The mixer's stages before the recurrence, by the contract's formulas:
+    causal depthwise conv + SiLU (over each document, reading conv_state
+    before token 0), the q/k/v split, the optional QK L2 norm, the gates.
 
-    window [B, K, C] (the K-1 previous document inputs, then x_t); w [K, C];
-    a_t, b_t, a_log_t, dt_bias_t [B, Hv]. Returns q_t, k_t [B, Hv, Dk]
-    (key heads repeated), v_t [B, Hv, Dv], g_t, beta_t [B, Hv].
+    x [B, T, C]; conv_weight [K, C]; a, b [B, T, Hv]; a_log, dt_bias [Hv],
+    [B', Hv] or [B', T', Hv]; segment_ids [B, T] or None; conv_state
+    [B, K-1, C] or None (zeros); dtype: the compute dtype (default: float64
+    if any input is, else float32). Returns (q, k [B, T, Hk, Dk],
+    v [B, T, Hv, Dv], g, beta [B, T, Hv], conv history [B, K-1, C]), all in
+    the compute dtype; under segment_ids every padding position of q, k, v,
+    g and beta is exactly 0 and no padding value reaches any of them.
     """
-    hk, hv, dk, dv = dims
-    bsz = window.shape[0]
-    pre = jnp.sum(w * window, axis=1)                           # [B, C]
-    y = pre * jax.nn.sigmoid(pre)
-    nq = hk * dk
-    q = y[:, :nq].reshape(bsz, hk, dk)
-    k = y[:, nq:2 * nq].reshape(bsz, hk, dk)
-    v = y[:, 2 * nq:].reshape(bsz, hv, dv)
+    dt = dtype or compute_dtype(x, conv_weight, a, b, a_log, dt_bias, conv_state)
+    bsz, t, c = x.shape
+    x_dt, w = x.astype(dt), conv_weight.astype(dt)
+    hist0 = (jnp.zeros((bsz, w.shape[0] - 1, c), dt) if conv_state is None
+             else conv_state.astype(dt))
+    per_token = [a.astype(dt), b.astype(dt),
+                 jnp.broadcast_to(_param_rank3(a_log.astype(dt)), a.shape),
+                 jnp.broadcast_to(_param_rank3(dt_bias.astype(dt)), a.shape)]
+    if segment_ids is not None:
+        y, hist_final = _segment_conv_scan(x_dt, w, segment_ids, hist0)
+        is_doc = (jnp.asarray(segment_ids) > 0)[..., None]
+        per_token = [jnp.where(is_doc, u, jnp.zeros_like(u)) for u in per_token]
+    else:
+        if conv_state is None:   # zero history: the causal conv's own zero padding
+            y = reference_conv1d_silu(x_dt, w)
+        else:
+            y = _conv1d_silu_valid(jnp.concatenate([hist0, x_dt], axis=1), w)
+        # the last K-1 inputs of history-then-x (part of the history when T < K-1)
+        hist_final = jnp.concatenate([hist0, x_dt], axis=1)[:, t:]
+    nq = num_k_heads * head_k_dim
+    q = y[..., :nq].reshape(bsz, t, num_k_heads, head_k_dim)
+    k = y[..., nq:2 * nq].reshape(bsz, t, num_k_heads, head_k_dim)
+    v = y[..., 2 * nq:].reshape(bsz, t, num_v_heads, head_v_dim)
     if use_qk_norm:
         q = q / jnp.sqrt(jnp.sum(q * q, axis=-1, keepdims=True) + eps)
         k = k / jnp.sqrt(jnp.sum(k * k, axis=-1, keepdims=True) + eps)
-    g = -jnp.exp(a_log_t) * jax.nn.softplus(a_t + dt_bias_t)
-    beta = jax.nn.sigmoid(b_t)
-    return (jnp.repeat(q, hv // hk, axis=1), jnp.repeat(k, hv // hk, axis=1),
-            v, g, beta)
+    a_dt, b_dt, a_log3, dt_bias3 = per_token
+    g = -jnp.exp(a_log3) * jax.nn.softplus(a_dt + dt_bias3)
+    beta = jax.nn.sigmoid(b_dt)
+    return q, k, v, g, beta, hist_final
 
 
-def _segment_mixer_scan(x, w, a, b, a_log3, dt_bias3, segment_ids, *, dims,
-                        use_qk_norm, eps, scale, s0, hist0):
-    """The whole mixer under segment_ids, one token per scan step; the conv
-    reads a carried history of the document's previous K-1 inputs.
+def _segment_conv_scan(x, w, segment_ids, hist0):
+    """silu(conv) under segment_ids, one token per scan step: each window
+    reads a carried history of the document's previous K-1 inputs (hist0
+    for the row's first document, zeros for every later one).
 
-    x [B, T, C]; w [K, C]; a, b [B, T, Hv]; a_log3, dt_bias3 rank 3,
-    broadcastable to [B, T, Hv]; s0 [B, Hv, Dk, Dv] and hist0 [B, K-1, C]:
-    the incoming carry of each row's first document; all in the compute
-    dtype. Returns
-    (o [B, T, Hv, Dv], (final state [B, Hv, Dk, Dv], conv history [B, K-1, C])).
+    x [B, T, C] and w [K, C] in the compute dtype; segment_ids [B, T];
+    hist0 [B, K-1, C]. Returns (y [B, T, C], exactly 0 at padding; the
+    history after the row's last document [B, K-1, C]).
     """
-    hv = dims[1]
-    bsz, t, _ = x.shape
-    per_token = (x, a, b, jnp.broadcast_to(a_log3, (bsz, t, hv)),
-                 jnp.broadcast_to(dt_bias3, (bsz, t, hv)))
-    xs = tuple(jnp.moveaxis(u, 1, 0) for u in per_token)
     ids = jnp.moveaxis(jnp.asarray(segment_ids), 1, 0)          # [T, B]
 
     def step(carry, inp):
-        s, hist, last_id = carry
-        *tok, id_t = inp
+        hist, last_id = carry
+        x_t, id_t = inp
         is_doc, starts_new = _segment_flags(id_t, last_id)
-        x_t, a_t, b_t, a_log_t, dt_bias_t = [_keep_rows(is_doc, u) for u in tok]
         hist_in = _keep_rows(is_doc & ~starts_new, hist)    # 0: new document, or padding
-        window = jnp.concatenate([hist_in, x_t[:, None]], axis=1)   # [B, K, C]
-        qkvgb = _mixer_token(window, w, a_t, b_t, a_log_t, dt_bias_t, dims=dims,
-                             use_qk_norm=use_qk_norm, eps=eps)
-        s_new, o_t = _delta_step(_keep_rows(~starts_new, s), *qkvgb, scale)
-        carry = (jnp.where(_rows(is_doc, s), s_new, s),
-                 jnp.where(_rows(is_doc, hist), window[:, 1:], hist),
+        window = jnp.concatenate([hist_in, _keep_rows(is_doc, x_t)[:, None]], axis=1)
+        pre = jnp.sum(w * window, axis=1)                   # [B, C]
+        carry = (jnp.where(_rows(is_doc, hist), window[:, 1:], hist),
                  jnp.where(is_doc, id_t, last_id))
-        return carry, _keep_rows(is_doc, o_t)
+        return carry, _keep_rows(is_doc, pre * jax.nn.sigmoid(pre))
 
-    init, xs, ids = align_varying((s0, hist0, jnp.zeros_like(ids[0])), xs, ids)
-    (s_final, hist_final, _), o = lax.scan(step, init, (*xs, ids))
-    return jnp.moveaxis(o, 0, 1), (s_final, hist_final)
+    xs = jnp.moveaxis(x, 1, 0)
+    init, xs, ids = align_varying((hist0, jnp.zeros_like(ids[0])), xs, ids)
+    (hist_final, _), y = lax.scan(step, init, (xs, ids))
+    return jnp.moveaxis(y, 0, 1), hist_final

@@ -1,9 +1,20 @@
 """gdn-verify: the property-based suite for Gated DeltaNet kernels.
 
 A kernel module declares itself with `KernelDeclaration` (what it
-implements) and `Supports` (what it accepts); see docs/kernel-authors.md.
+implements) and `Supports` (what it accepts); a kernel in other
+conventions is wrapped by `adapt` (and `mixer_from_core`); see
+docs/verify-your-kernel.md.
 """
 
 from .declaration import KernelDeclaration, Supports
 
-__all__ = ["KernelDeclaration", "Supports"]
+__all__ = ["KernelDeclaration", "Supports", "adapt", "mixer_from_core"]
+
+
+def __getattr__(name):
+    # the adapters import jax: only when asked for (the pytest plugin
+    # imports this package in every pytest run, target or not)
+    if name in ("adapt", "mixer_from_core"):
+        from . import adapters
+        return getattr(adapters, name)
+    raise AttributeError(f"module 'verification' has no attribute {name!r}")

@@ -44,6 +44,13 @@ class Supports:
     chunk_sizes:     the chunk_size values accepted (None: every one the
                      contract allows)
     validates_input: bad input raises the contract's named errors (section 5)
+    core_qk_norm:    the eps of a QK L2 norm the core op applies itself (None:
+                     it takes q and k as given, as the contract says; else its
+                     own cases are not checkable)
+    mixer_qk_norm:   the mixer accepts only use_qk_norm=True with this eps
+                     (a mixer built on such a core; None: any)
+    saturated_beta:  beta exactly 1 (a convention of beta as a logit cannot
+                     carry it)
     """
     dtypes: Tuple[str, ...] = CONTRACT_DTYPES
     segment_ids: bool = True
@@ -53,6 +60,9 @@ class Supports:
     scale: bool = True
     chunk_sizes: Optional[Tuple[int, ...]] = None
     validates_input: bool = True
+    core_qk_norm: Optional[float] = None
+    mixer_qk_norm: Optional[float] = None
+    saturated_beta: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +75,11 @@ class KernelDeclaration:
     l2norm_forward:        l2norm_forward(x, eps) -> y, the target's QK L2 norm
     l2norm_backward:       l2norm_backward(x, dy, eps) -> dx, its VJP
     supports:              what the functions accept (Supports)
+    conventions:           what an adapter (verification.adapters) did to
+                           reach the contract's signature, one line each
+    mixer_label:           what the mixer is, when it is not the author's own
+                           (e.g. "reference layer + your core"): shown on the
+                           mixer properties' rows
     """
     gated_delta_rule: Callable
     gdn_decoupled_conv1d: Optional[Callable] = None
@@ -72,6 +87,8 @@ class KernelDeclaration:
     l2norm_forward: Optional[Callable] = None
     l2norm_backward: Optional[Callable] = None
     supports: Supports = Supports()
+    conventions: Tuple[str, ...] = ()
+    mixer_label: Optional[str] = None
 
     def __post_init__(self):
         if not callable(self.gated_delta_rule):
@@ -133,6 +150,8 @@ NEEDS = {
               "the target declares no scale= argument"),
     "validates_input": (lambda d: d.supports.validates_input,
                         "the target declares no input validation (contract section 5)"),
+    "saturated_beta": (lambda d: d.supports.saturated_beta,
+                       "the kernel takes beta as a logit: beta = 1 has no finite logit"),
 }
 
 
@@ -145,6 +164,10 @@ def unmet(declaration: KernelDeclaration, needs) -> Optional[str]:
         if kind == "dtype":
             if value not in supports.dtypes:
                 return f"the target declares dtypes {list(supports.dtypes)}, not {value}"
+        elif kind == "qk_norm":
+            reason = _qk_norm_unmet(supports, value)
+            if reason:
+                return reason
         elif kind == "chunk_size":
             if supports.chunk_sizes is not None and int(value) not in supports.chunk_sizes:
                 return (f"the target declares chunk sizes {list(supports.chunk_sizes)}, "
@@ -153,6 +176,22 @@ def unmet(declaration: KernelDeclaration, needs) -> Optional[str]:
             met, why = NEEDS[need]
             if not met(declaration):
                 return why
+    return None
+
+
+def _qk_norm_unmet(supports: Supports, value: str) -> Optional[str]:
+    """value "core" (a core-op case: q, k as given) or the mixer case's eps
+    ("off" without the norm)."""
+    if value == "core":
+        if supports.core_qk_norm is not None:
+            return (f"the core op L2-normalises q and k itself (eps={supports.core_qk_norm:g}); "
+                    f"the contract's gated_delta_rule takes them as given")
+        return None
+    fixed = supports.mixer_qk_norm
+    if fixed is not None and (value == "off" or float(value) != fixed):
+        wanted = "no QK norm" if value == "off" else f"eps={float(value):g}"
+        return (f"the mixer's QK norm is the core's own (eps={fixed:g}); "
+                f"the case asks for {wanted}")
     return None
 
 
@@ -165,10 +204,16 @@ def check_needs(needs) -> None:
 
 def case_needs(case) -> Tuple[str, ...]:
     """What one case asks of the target: its op, activation dtype, chunk
-    size, GVA, packed rows and (core op) an initial state."""
+    size, QK norm (none inside the core op; the mixer's own), beta = 1,
+    GVA, packed rows and (core op) an initial state."""
     from strategies.cases import MixerCase
-    needs = ["mixer"] if isinstance(case, MixerCase) else []
+    mixer = isinstance(case, MixerCase)
+    needs = ["mixer"] if mixer else []
     needs += [f"dtype:{case.dtype}", f"chunk_size:{case.chunk}"]
+    needs.append("qk_norm:" + ((repr(case.eps) if case.use_qk_norm else "off") if mixer
+                               else "core"))
+    if case.beta_regime == "one":
+        needs.append("saturated_beta")
     if case.group > 1:
         needs.append("gva")
     if case.segments:

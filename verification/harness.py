@@ -23,6 +23,8 @@ import pytest
 from hypothesis import example, given, reject, settings
 from hypothesis.errors import Unsatisfiable
 
+from strategies.cases import MixerCase
+
 from . import known_failures, runners
 from .registry import (Property, PropertyFailure, is_not_checkable, load_all,
                        not_checkable_row)
@@ -54,6 +56,8 @@ class PropertyStats:
     not_checkable: int = 0        # examples that could not be checked (declared or numeric)
     unresolved: int = 0           # of those, examples the target ran on (numeric reasons)
     known_failures: int = 0       # failing examples covered by the known-failures file
+    mixer_examples: int = 0       # of examples, those of the mixer (rows labelled by
+                                  # the target's mixer_label)
     verdict: str = ""
     reasons: Dict[str, int] = dataclasses.field(default_factory=dict)   # not checkable: why
     worst: Dict[str, TensorError] = dataclasses.field(default_factory=dict)
@@ -123,6 +127,7 @@ def check_property(name: str, target, case, record: bool = True,
     finally:
         runners.release_executables_if_needed()
         stats.examples += 1
+        stats.mixer_examples += isinstance(case, MixerCase)
         stats.seconds += time.perf_counter() - t0
         stats.compiles += runners.compile_count() - c0
         stats.compile_s += runners.compile_seconds() - s0
@@ -244,6 +249,7 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
                    "compiles": st.compiles, "compile_s": st.compile_s,
                    "not_checkable": st.not_checkable, "unresolved": st.unresolved,
                    "known_failures": st.known_failures, "verdict": st.verdict,
+                   "mixer_examples": st.mixer_examples,
                    "reasons": dict(st.reasons),
                    "worst": [dataclasses.asdict(r) for r in st.worst.values()]}
             for name, st in (STATS if stats is None else stats).items()}
@@ -267,6 +273,7 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         st.not_checkable += d["not_checkable"]
         st.unresolved += d.get("unresolved", 0)
         st.known_failures += d.get("known_failures", 0)
+        st.mixer_examples += d.get("mixer_examples", 0)
         for why, n in d.get("reasons", {}).items():
             st.reasons[why] = st.reasons.get(why, 0) + n
         verdict = d.get("verdict", "")

@@ -152,7 +152,9 @@ class Suite:
                 f"max_examples={s.max_examples} derandomize={s.derandomize} "
                 f"scope={self.scope}" + (" strict" if self._strict() else ""),
                 f"gdn-verify: {self.compile_settings}",
-                f"gdn-verify: {self.compile_cache}"]
+                f"gdn-verify: {self.compile_cache}"] + [
+                    f"gdn-verify: adapter: {line}"
+                    for line in self.target.declaration.conventions]
 
     def _strict(self) -> bool:
         from . import harness
@@ -340,6 +342,9 @@ def summary_lines(suite: Suite):
         w = _worst_text(worst) if worst else "-"
         if st.reasons:
             w += f"; not checkable: {harness.reasons_text(st)}"
+        label = suite.target.declaration.mixer_label
+        if label and st.mixer_examples:
+            w = f"[{label}] {w}"
         per = f"{st.examples / st.compiles:.1f}" if st.compiles else "-"
         lines.append(f"{name:<42}{st.verdict or '-':>14}{st.examples:>9}{st.not_checkable:>5}"
                      f"{st.failures:>5}{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
@@ -361,6 +366,7 @@ def verdict_lines(suite: Suite, stats) -> list:
              f"{compiles} programs built ({suite.cache_hits()} read from the compile cache)"
              + (f", {examples / compiles:.2f} examples per program" if compiles else "")
              + f", {time.perf_counter() - suite.start:.0f} s"]
+    lines += [f"  adapter: {line}" for line in suite.target.declaration.conventions]
     held = by.get(harness.HELD, [])
     lines.append(f"  held on the target: {len(held)} properties")
     nc = by.get(harness.NOT_CHECKABLE, [])

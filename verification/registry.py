@@ -29,7 +29,7 @@ from .declaration import case_needs, check_needs
 from .tolerance import NOT_CHECKABLE, TensorError, format_table, worst
 
 FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "state", "sharding",
-            "stability", "bad_input")
+            "stability", "bad_input", "conventions")
 
 
 class PropertyFailure(AssertionError):

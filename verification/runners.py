@@ -145,6 +145,12 @@ def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool, mode: str
     (the GDN_INTERPRET mode read now) keys the cache, so a mode change
     retraces. ids: segment_ids [B, T] (traced) or None."""
     del mode
+    return jax.jit(_vjp_program(fn, op, static, has_state))
+
+
+def _vjp_program(fn: Callable, op: str, static: Tuple, has_state: bool):
+    """(arrays, cotangents, ids) -> (outputs, grads): a new function each
+    call, so tracing it runs the target's Python again."""
     call = _caller(fn, op, static, has_state)
 
     def run(arrays, cts, ids):
@@ -153,7 +159,7 @@ def _vjp_runner(fn: Callable, op: str, static: Tuple, has_state: bool, mode: str
         cts = tuple(c.astype(o.dtype) for c, o in zip(cts, outs))
         return out, pullback(cts if isinstance(out, tuple) else cts[0])
 
-    return jax.jit(run)
+    return run
 
 
 @functools.lru_cache(maxsize=None)
@@ -287,6 +293,22 @@ def reference_vjp(case, inputs=None):
     cts = cotangents(case)
     return run_vjp(_ORACLE_FNS[case_op(case)], case, inputs,
                    tuple(c.astype(np.float32) for c in cts))
+
+
+def target_vjp_shapes(target: Target, case, inputs=None):
+    """The target's outputs and input cotangents on a case as
+    jax.ShapeDtypeStruct (outputs tuple, grads dict), by tracing the VJP
+    program afresh (compiling and running nothing), so trace-time records
+    (verification.adapters.recording_deviations) see every call."""
+    inputs = case_inputs(case) if inputs is None else inputs
+    names = tuple(inputs)
+    program = _vjp_program(target_fn(target, case_op(case)), case_op(case), _static(case),
+                           "initial_state" in inputs)
+    arrays = tuple(np.asarray(inputs[n]) for n in names)
+    cts = tuple(c.astype(np.float32) for c in cotangents(case))
+    out, grads = jax.eval_shape(program, arrays, cts, segment_ids_of(case))
+    out = out if isinstance(out, tuple) else (out,)
+    return tuple(out), dict(zip(names, grads))
 
 
 def target_forward(target: Target, case, inputs=None):

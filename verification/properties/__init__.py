@@ -13,10 +13,12 @@ registers them all in verification.registry.PROPERTIES.
                      only as the contract allows
   stability          no spurious NaN on expanding recurrences
   bad_input          contract violations raise named errors
+  conventions        dtypes and shapes as the target's own code returns them
+                     (an adapter's casts are convention deviations)
 """
 
 # Import order is test order: parity first.
-from . import parity, eps, reduced_gradients, metamorphic, packing, state, sharding, stability, bad_input  # noqa: F401,I001,E501
+from . import parity, eps, reduced_gradients, metamorphic, packing, state, sharding, stability, bad_input, conventions  # noqa: F401,I001,E501
 from ..registry import PROPERTIES, PropertyFailure
 
 __all__ = ["PROPERTIES", "PropertyFailure"]

@@ -1,0 +1,1 @@
+"""Independent gated-delta-rule kernels written in foreign conventions (test fixtures)."""
