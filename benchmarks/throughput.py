@@ -7,8 +7,7 @@ the suite's plugin writes its per-property statistics (examples, seconds,
 XLA compiles) as JSON. Its working directory is a temporary directory, so the dev profile's
 example database (.hypothesis/examples, relative) and the counterexample
 files start empty there and the checkout's are neither replayed nor written.
-(GDN_HYPOTHESIS_DB is not used for that: with it set, the ci profile's
-registration raises InvalidArgument, derandomize=True with a database.)
+(GDN_HYPOTHESIS_DB is not used for that: the ci profile reads no database.)
 The ci profile's example count is bounded with GDN_CI_EXAMPLES.
 """
 

@@ -3,11 +3,10 @@
 dev      default: a few minutes; the local example database (.hypothesis/) is
          on, plus a shared read-only database when one is configured, so a
          failure found before replays first.
-ci       derandomized, more examples, print_blob=True; no database, except
-         where GDN_HYPOTHESIS_DB is set (the GitHub workflow): then failures
-         found in CI are saved there (and uploaded as the shared database),
-         stored failures replay first, and the run is not derandomized
-         (Hypothesis allows no database with derandomize=True).
+ci       derandomized, more examples, print_blob=True, no database:
+         the same examples on every run of the same code, in .ci/run, in
+         the GitHub workflow and in the reusable gate alike (GDN_HYPOTHESIS_DB
+         does not change it; a failure is kept as a counterexample file).
 nightly  many examples, random seeds, target()-guided search for the
          largest error / bound ratio.
 repro    replays only the stored examples (explicit @example rows and the
@@ -71,16 +70,13 @@ def register_profiles(examples: Optional[int] = None) -> None:
         "dev", max_examples=count("dev"), deadline=None,
         suppress_health_check=_SUPPRESS, database=dev_database(),
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink, Phase.explain])
-    # Hypothesis refuses derandomize=True together with a database: where the
-    # GitHub workflow shares a database (GDN_HYPOTHESIS_DB), the ci profile
-    # trades derandomization for saving and replaying failures.
-    ci_db = (DirectoryBasedExampleDatabase(os.environ["GDN_HYPOTHESIS_DB"])
-             if os.environ.get("GDN_HYPOTHESIS_DB") else None)
+    # Derandomized wherever it runs (Hypothesis allows no database with
+    # derandomize=True): the scheduled workflow's nightly profile fills the
+    # shared database instead.
     settings.register_profile(
-        "ci", max_examples=count("ci"), deadline=None, derandomize=ci_db is None,
-        print_blob=True, database=ci_db, suppress_health_check=_SUPPRESS,
-        phases=[Phase.explicit] + ([Phase.reuse] if ci_db else [])
-        + [Phase.generate, Phase.shrink])
+        "ci", max_examples=count("ci"), deadline=None, derandomize=True,
+        print_blob=True, database=None, suppress_health_check=_SUPPRESS,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink])
     settings.register_profile(
         "nightly", max_examples=count("nightly"), deadline=None,
         suppress_health_check=_SUPPRESS, print_blob=True,

@@ -26,10 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(tmp_path, name, extra, profile="ci", properties=PROPERTIES):
     """One pytest process on the wrong target; (process, its stats report).
-    The dev profile gets a database of its own; the ci profile none, which
-    keeps it derandomized (with GDN_HYPOTHESIS_DB set it would reuse stored
-    failures and draw random examples: the failing property's shrink path,
-    and so its example count, would differ from run to run)."""
+    The dev profile gets a database of its own; the ci profile has none
+    (derandomized: the failing property's shrink path, and so its example
+    count, is the same from run to run)."""
     stats = tmp_path / f"{name}.json"
     env = dict(os.environ, GDN_PROFILE=profile, GDN_CI_EXAMPLES="4", GDN_STATS_FILE=str(stats),
                GDN_COUNTEREXAMPLES=str(tmp_path / "counterexamples"),
