@@ -119,15 +119,18 @@ class Conventions:
                    to Hv heads, interleaved as jnp.repeat(q, G, axis=heads))
     scale:         "argument" or "fixed" (the kernel applies Dk**-0.5)
     qk_norm:       None, or the eps of the L2 norm the kernel applies to q, k
-    decay:         "log" (g <= 0) or "factor" (exp(g) in [0, 1])
-    beta:          "probability" or "logit" (the kernel applies sigmoid)
+    decay:         "log" (g <= 0) or "factor" (exp(g) in [0, 1], given in float32)
+    beta:          "probability" or "logit" (the kernel applies sigmoid; given
+                   in float32)
     state_layout:  "kv" [B, H, Dk, Dv] (the contract) or "vk" [B, H, Dv, Dk]
     varlen:        None (no packed rows), "segment_ids" (the contract's),
                    "cu_seqlens" (flattened [1, B*T] rows, offsets [N + 1],
                    one initial state per sequence) or "doc_ids" ([B, T]
                    ids where 0 is an ordinary document)
     initial_state: the kernel takes an initial state (and differentiates it)
-    chunk_size:    "argument" or the kernel's fixed chunk size
+    chunk_size:    "argument" (passed as chunk_size=) or None: the kernel takes
+                   none (a token scan, or a chunk fixed inside); every case
+                   runs, chunk_size_invariance is not checkable
     names:         the kernel's keyword for each contract keyword it takes
                    under another name (scale, initial_state, chunk_size,
                    segment_ids, cu_seqlens, doc_ids)
@@ -145,7 +148,7 @@ class Conventions:
     state_layout: str = "kv"
     varlen: Optional[str] = "segment_ids"
     initial_state: bool = True
-    chunk_size: Union[str, int] = "argument"
+    chunk_size: Optional[str] = "argument"
     names: Mapping[str, str] = dataclasses.field(default_factory=dict)
     kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)
     pallas_interpret: bool = False
@@ -157,9 +160,9 @@ class Conventions:
             if getattr(self, field) not in allowed:
                 raise ValueError(f"adapt: {field}={getattr(self, field)!r}, expected one "
                                  f"of {allowed}")
-        if self.chunk_size != "argument" and not isinstance(self.chunk_size, int):
-            raise ValueError(f"adapt: chunk_size={self.chunk_size!r}, expected "
-                             f"'argument' or the kernel's fixed chunk size (an int)")
+        if self.chunk_size not in ("argument", None):
+            raise ValueError(f"adapt: chunk_size={self.chunk_size!r}, expected 'argument' "
+                             f"or None (the kernel takes no chunk size)")
         if self.varlen == "cu_seqlens" and not self.initial_state:
             raise ValueError("adapt: varlen='cu_seqlens' needs initial_state=True (each "
                              "row's first document continues its row's state)")
@@ -193,9 +196,8 @@ class Conventions:
             lines.append("no packed rows: segment_ids not checkable")
         if not self.initial_state:
             lines.append("no initial state: initial_state and carried state not checkable")
-        if self.chunk_size != "argument":
-            lines.append(f"chunk size fixed at {self.chunk_size}: other chunk sizes not "
-                         f"checkable")
+        if self.chunk_size is None:
+            lines.append("no chunk_size argument: chunk-size invariance not checkable")
         if self.pallas_interpret:
             lines.append("traced under Pallas TPU interpret mode")
         return tuple(lines)
@@ -205,7 +207,7 @@ class Conventions:
             dtypes=tuple(dtypes), segment_ids=self.varlen is not None,
             initial_state=self.initial_state, carried_state=False, gva=True,
             scale=self.scale == "argument",
-            chunk_sizes=None if self.chunk_size == "argument" else (self.chunk_size,),
+            chunk_argument=self.chunk_size == "argument",
             validates_input=False, core_qk_norm=self.qk_norm,
             saturated_beta=self.beta == "probability")
 
@@ -244,9 +246,6 @@ def _check_call(conv: Conventions, dk: int, scale, initial_state, chunk_size, se
         raise ValueError("initial_state: the kernel takes no initial state")
     if segment_ids is not None and conv.varlen is None:
         raise ValueError("segment_ids: the kernel takes no packed rows")
-    if conv.chunk_size != "argument" and chunk_size != conv.chunk_size:
-        raise ValueError(f"chunk_size: the kernel's chunk size is fixed at "
-                         f"{conv.chunk_size}, got {chunk_size}")
 
 
 def _kernel_inputs(conv: Conventions, q, k, v, g, beta, packing):
@@ -257,9 +256,12 @@ def _kernel_inputs(conv: Conventions, q, k, v, g, beta, packing):
         pad = packing.pad[..., None]
         g = jnp.where(pad, jnp.zeros_like(g), g)
         beta = jnp.where(pad, jnp.zeros_like(beta), beta)
+    # in float32, as the contract computes gates (a bfloat16 exp(g) would
+    # round the decay factor to 8 bits before the kernel sees it)
     if conv.decay == "factor":
-        g = jnp.exp(g)
+        g = jnp.exp(g.astype(jnp.float32))
     if conv.beta == "logit":
+        beta = beta.astype(jnp.float32)
         beta = jnp.log(beta) - jnp.log1p(-beta)
     if conv.heads == "equal":
         group = v.shape[2] // q.shape[2]
@@ -333,8 +335,23 @@ def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES, **conventions) -> KernelD
     gated_delta_rule.__name__ = f"adapted_{getattr(kernel, '__name__', 'kernel')}"
     gated_delta_rule.__doc__ = (f"{gated_delta_rule.__name__}: the contract's gated_delta_rule "
                                 f"over {kernel!r} (verification.adapters.adapt).")
-    return KernelDeclaration(gated_delta_rule=gated_delta_rule,
+    return KernelDeclaration(gated_delta_rule=_compiled_once(gated_delta_rule,
+                                                             ("scale", "chunk_size")),
                              supports=conv.supports(dtypes), conventions=conv.applied())
+
+
+def _compiled_once(op: Callable, static_argnames) -> Callable:
+    """op under jax.jit (one program per shape and static arguments, as the
+    contract's ops: a decode loop calling it compiles once), except while
+    deviations are recorded: that needs the adapter's Python traced afresh,
+    which jit's trace cache would skip."""
+    jitted = jax.jit(op, static_argnames=static_argnames)
+
+    def call(*args, **kwargs):
+        return (op if _RECORDERS else jitted)(*args, **kwargs)
+
+    call.__name__, call.__doc__ = op.__name__, op.__doc__
+    return call
 
 
 def _interpret_mode(conv: Conventions):
@@ -379,7 +396,10 @@ def mixer_from_core(core: Union[KernelDeclaration, Callable]) -> KernelDeclarati
 
     supports = dataclasses.replace(decl.supports, carried_state=decl.supports.initial_state,
                                    mixer_qk_norm=own_norm)
-    return dataclasses.replace(decl, gdn_decoupled_conv1d=gdn_decoupled_conv1d,
+    static = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "use_qk_norm", "eps",
+              "scale", "chunk_size", "return_state")
+    return dataclasses.replace(decl, gdn_decoupled_conv1d=_compiled_once(gdn_decoupled_conv1d,
+                                                                         static),
                                supports=supports, mixer_label=MIXER_LABEL,
                                conventions=decl.conventions + (
                                    f"mixer: {MIXER_LABEL} (gdn_kernels.reference."

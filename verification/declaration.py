@@ -43,6 +43,9 @@ class Supports:
     scale:           a scale= other than the default Dk**-0.5
     chunk_sizes:     the chunk_size values accepted (None: every one the
                      contract allows)
+    chunk_argument:  the ops take chunk_size and chunk with it (False: a
+                     scan, or a chunk fixed inside; chunk-size invariance
+                     cannot be checked)
     validates_input: bad input raises the contract's named errors (section 5)
     core_qk_norm:    the eps of a QK L2 norm the core op applies itself (None:
                      it takes q and k as given, as the contract says; else its
@@ -59,6 +62,7 @@ class Supports:
     gva: bool = True
     scale: bool = True
     chunk_sizes: Optional[Tuple[int, ...]] = None
+    chunk_argument: bool = True
     validates_input: bool = True
     core_qk_norm: Optional[float] = None
     mixer_qk_norm: Optional[float] = None
@@ -150,6 +154,8 @@ NEEDS = {
               "the target declares no scale= argument"),
     "validates_input": (lambda d: d.supports.validates_input,
                         "the target declares no input validation (contract section 5)"),
+    "chunk_argument": (lambda d: d.supports.chunk_argument,
+                       "the kernel takes no chunk_size (a scan, or a chunk fixed inside)"),
     "saturated_beta": (lambda d: d.supports.saturated_beta,
                        "the kernel takes beta as a logit: beta = 1 has no finite logit"),
 }

@@ -93,7 +93,7 @@ def _assert_same(fn, ref, args):
 
 def test_head_first_factor_logit_vk_equal_heads_is_the_oracle():
     decl = adapt(_head_first_kernel, layout="head_first", heads="equal", scale="fixed",
-                 decay="factor", beta="logit", state_layout="vk", varlen=None, chunk_size=64)
+                 decay="factor", beta="logit", state_layout="vk", varlen=None, chunk_size=None)
     args = _inputs()
     _assert_same(lambda *a: decl.gated_delta_rule(*a[:5], initial_state=a[5]),
                  lambda *a: _oracle(*a), args)
@@ -145,9 +145,9 @@ def test_what_a_convention_cannot_carry_is_not_checkable():
     from strategies.cases import DeltaRuleCase, MixerCase
     case = DeltaRuleCase(batch=1, seq_len=5, k_heads=1, group=2, dk=8, dv=8, chunk=32,
                          dtype="float32", state_dtype="float32", seed=0, beta_regime="one")
-    logit = adapt(_doc_ids_kernel, beta="logit", chunk_size=64)
-    assert "logit" in unmet(logit, case_needs(dataclasses.replace(case, chunk=64)))
-    assert "chunk sizes [64]" in unmet(logit, case_needs(case))
+    logit = adapt(_doc_ids_kernel, beta="logit", chunk_size=None)
+    assert "logit" in unmet(logit, case_needs(case))
+    assert "no chunk_size" in unmet(logit, ("chunk_argument",))
     decl = adapt(_doc_ids_kernel, qk_norm=1e-6)
     normed = dataclasses.replace(case, beta_regime="ordinary")
     assert "normalises q and k itself" in unmet(decl, case_needs(normed))
@@ -162,7 +162,7 @@ def test_what_a_convention_cannot_carry_is_not_checkable():
 
 
 @pytest.mark.parametrize("bad", [dict(layout="BHTD"), dict(decay="log2"),
-                                 dict(chunk_size="auto"),
+                                 dict(chunk_size=64),
                                  dict(varlen="cu_seqlens", initial_state=False)])
 def test_an_unknown_convention_is_a_named_error(bad):
     name = next(iter(bad))

@@ -49,6 +49,7 @@ def gated_delta_rule_normed(q, k, v, g, beta, *, scale=None, initial_state=None,
     Returns (o [B, T, Hv, Dv] in v's dtype, final_state [B, Hv, Dk, Dv] float32)."""
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2:]
+    out_dtype = v.dtype
     scale = dk ** -0.5 if scale is None else scale
     c = chunk_size
     n = -(-t // c)
@@ -86,4 +87,4 @@ def gated_delta_rule_normed(q, k, v, g, beta, *, scale=None, initial_state=None,
           else initial_state.astype(jnp.float32))
     s, o = lax.scan(step, s0, (u, wk, attn, q_dec, k_dec, g_tot))
     o = jnp.swapaxes(jnp.moveaxis(o, 0, 1), 2, 3).reshape(b, n * c, hv, dv)[:, :t]
-    return o.astype(v.dtype), s
+    return o.astype(out_dtype), s

@@ -26,7 +26,7 @@ from .common import shape_dtype_row
 # float32 state and bfloat16 activations: a kernel returning every gradient
 # in q's dtype deviates on initial_state (the wrong target's failure).
 BF16_ACTIVATIONS_F32_STATE = DeltaRuleCase(
-    batch=1, seq_len=17, k_heads=1, group=1, dk=16, dv=16, chunk=64, dtype="bfloat16",
+    batch=1, seq_len=17, k_heads=1, group=1, dk=16, dv=16, chunk=16, dtype="bfloat16",
     state_dtype="float32", seed=3)
 
 

@@ -30,7 +30,7 @@ LENGTH_COVERS = {
 @prop("chunk_size_invariance", family="metamorphic",
       strategy=delta_rule_cases(where=lambda g: _f32(g) and g["chunk"] == 16), weight=0.5,
       wrong_target="gdn_mutant_inverse_offdiag_block_sign:xla", covers=LENGTH_COVERS,
-      needs=("chunk_size:32", "chunk_size:64"))
+      needs=("chunk_size:32", "chunk_size:64", "chunk_argument"))
 def chunk_size_invariance(target, case: DeltaRuleCase):
     """gated_delta_rule gives the same outputs and gradients for chunk sizes
     16, 32 and 64 (the chunking is an implementation detail)."""

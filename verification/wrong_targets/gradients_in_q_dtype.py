@@ -38,4 +38,4 @@ def gradients_in_q_dtype(q, k, v, g, beta, *, scale, initial_state):
     return _kernel(q, k, v, g, beta, initial_state, scale)
 
 
-GDN_KERNEL = adapt(gradients_in_q_dtype, varlen=None, chunk_size=64)
+GDN_KERNEL = adapt(gradients_in_q_dtype, varlen=None, chunk_size=None)
