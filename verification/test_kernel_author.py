@@ -70,10 +70,10 @@ class Author:
             p for p in self.env.get("PATH", "").split(os.pathsep)
             if not p.startswith(os.path.dirname(sys.executable)))
 
-    def run(self, command: str, timeout=900):
+    def run(self, command: str, timeout=900, activate=True):
         self.ran.append(command)
         line = command.replace(REPO_PLACEHOLDER, ROOT)
-        if not line.startswith("python3 -m venv"):
+        if activate and not line.startswith("python3 -m venv"):
             line = ". venv/bin/activate && " + line
         proc = subprocess.run(["bash", "-c", line], cwd=self.home, env=self.env,
                               capture_output=True, text=True, timeout=timeout)

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from jax import lax
 
 # The decay applied after the write instead of before it.
-PLANTED_BUG = ("s = _write(a_t[..., None, None] * s, k_t, v_t, b_t)",
+# (The pattern is split in two literals so that it occurs once in this file.)
+PLANTED_BUG = ("s = _write(a_t[..., None, None] * s, " "k_t, v_t, b_t)",
                "s = a_t[..., None, None] * _write(s, k_t, v_t, b_t)")
 
 HI = "highest"

@@ -19,7 +19,8 @@ from jax import lax
 QK_NORM_EPS = 1e-6
 
 # The carried state is not decayed by the chunk's total decay.
-PLANTED_BUG = ("jnp.exp(g_tot)[..., None, None] * s + ", "s + ")
+# (The pattern is split in two literals so that it occurs once in this file.)
+PLANTED_BUG = ("jnp.exp(g_tot)" "[..., None, None] * s + ", "s + ")
 
 HI = "highest"
 

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from jax import lax
 
 # State leaks between sequences: only the very first token resets the state.
-PLANTED_BUG = ("start = t == cu[i]", "start = t == cu[0]")
+# (The pattern is split in two literals so that it occurs once in this file.)
+PLANTED_BUG = ("start = t == " "cu[i]", "start = t == cu[0]")
 
 HI = "highest"
 
