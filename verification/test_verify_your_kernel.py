@@ -16,7 +16,7 @@ import shutil
 import pytest
 import yaml
 
-from .test_kernel_author import REPO_PLACEHOLDER, ROOT, Author, doc_commands
+from .test_kernel_author import ROOT, Author, doc_commands
 
 DOC = "docs/verify-your-kernel.md"
 FIXTURES = os.path.join(ROOT, "verification", "convention_fixtures")
@@ -39,13 +39,15 @@ def planted_bug(kernel: str):
     return importlib.import_module(f"verification.convention_fixtures.{kernel}").PLANTED_BUG
 
 
-def _plant(path, bug, undo=False):
-    old, new = bug[::-1] if undo else bug
+def _plant(path, bug) -> str:
+    """Plant bug (old, new) in the file at path; returns the file's text."""
+    old, new = bug
     with open(path) as f:
         text = f.read()
     assert text.count(old) == 1, (path, old)
     with open(path, "w") as f:
         f.write(text.replace(old, new))
+    return text
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,7 @@ def test_a_planted_bug_fails_with_a_counterexample_that_replays(author, kernel):
                                  for c in _block("verify-failure")]
     path, bug = os.path.join(author.home, f"{kernel}.py"), planted_bug(kernel)
     shutil.rmtree(os.path.join(author.home, "counterexamples"), ignore_errors=True)
-    _plant(path, bug)
+    clean = _plant(path, bug)
     try:
         failing = author.run(run)
         assert failing.returncode == 1, failing.output[-3000:]
@@ -101,7 +103,8 @@ def test_a_planted_bug_fails_with_a_counterexample_that_replays(author, kernel):
         still = author.run(replay)
         assert still.returncode == 1 and "FAIL" in still.output, still.output[-2000:]
     finally:
-        _plant(path, bug, undo=True)
+        with open(path, "w") as f:
+            f.write(clean)
     fixed = author.run(replay_fixed)
     assert fixed.returncode == 0, fixed.output[-2000:]
 
