@@ -200,3 +200,31 @@ def test_a_deviation_fails_unless_listed_as_a_known_failure(tmp_path):
     listed = _gdn_verify(tmp_path, f"--known-failures={known}")
     assert listed.returncode == 0, listed.stdout[-3000:]
     assert "xfail: 1 (conventions_match_contract)" in listed.stdout
+
+
+def _pallas_copy(x):
+    """x through a Pallas TPU-style copy kernel that takes no interpret=."""
+    from jax.experimental import pallas as pl
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def _pallas_kernel(q, k, v, g, beta, *, scale, initial_state=None, chunk_size=64):
+    o, s = _oracle(q, k, v, g, beta, initial_state, scale=scale)
+    return _pallas_copy(o), s
+
+
+def test_pallas_interpret_runs_a_kernel_that_takes_no_interpret_argument():
+    args = _inputs()
+    run = lambda decl: jax.jit(lambda *a: decl.gated_delta_rule(   # noqa: E731
+        *a[:5], initial_state=a[5]))(*args)
+    if jax.default_backend() == "cpu":
+        with pytest.raises(Exception, match="(?i)interpret"):
+            run(adapt(_pallas_kernel))
+    o, s = run(adapt(_pallas_kernel, pallas_interpret=True))
+    want_o, want_s = _oracle(*args)
+    np.testing.assert_allclose(o, want_o, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(s, want_s, rtol=2e-5, atol=2e-5)
