@@ -1,11 +1,13 @@
 """The one implementation switch for the chunked algorithm.
 
 A backend is a module with
-  forward(q, k, v, g, beta, s0, scale, chunk, seg=None)
+  forward(q, k, v, g, beta, s0, scale, settings, seg=None)
       -> (o, final_state, residuals)
-  backward(q, k, v, g, beta, residuals, do, ds_final, scale, chunk, seg=None)
+  backward(q, k, v, g, beta, residuals, do, ds_final, scale, settings, seg=None)
       -> (dq, dk, dv, dg, dbeta, ds0)
-in the contract layout, all outputs in the accumulation dtype. Short calls
+in the contract layout, all outputs in the accumulation dtype; settings is
+a KernelSettings (the chunk size and the Pallas kernels' settings, static
+arguments as JAX's own Pallas ops take block sizes and interpret=). Short calls
 (T <= RECURRENT_MAX_T, decode) run on recurrent_impl whatever the impl. seg is a
 segments.Segments of packed documents or None; the caller zeroes padding
 tokens (inputs, do, cotangents), the backend resets the state at document
@@ -14,9 +16,36 @@ starts.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from .recurrent_impl import RECURRENT_MAX_T
+
+# Value rows (batch row, value head) a Pallas grid step works on: the most
+# whose [Dk, Dv] states take at most this many bytes (pallas_impl.step_block).
+# One step's VMEM is about 10x its states (double-buffered streams and
+# output blocks): 512 KiB keeps it near 5 MiB.
+STATE_BYTES_PER_STEP = 512 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSettings:
+    """Static settings of one chunked-backend call (part of every jit key).
+
+    chunk:                tokens per chunk
+    interpret:            the resolved GDN_INTERPRET mode the Pallas kernels
+                          run in ("hlo", "tpu-sim", "off"; "n/a" elsewhere)
+    state_bytes_per_step: the [Dk, Dv] state bytes a Pallas grid step holds
+    """
+    chunk: int
+    interpret: str = "n/a"
+    state_bytes_per_step: int = STATE_BYTES_PER_STEP
+
+
+def kernel_settings(cfg) -> KernelSettings:
+    """The KernelSettings of a DeltaRuleConfig or MixerConfig."""
+    return KernelSettings(cfg.chunk_size, cfg.interpret, cfg.state_bytes_per_step)
+
 
 # Module names relative to this package (so a renamed copy of the package,
 # e.g. a seeded-bug mutant, uses its own backends).

@@ -74,13 +74,6 @@ def silu_grad(z):
     return s * (1.0 + z * (1.0 - s))
 
 
-def conv1d_silu_forward(x, weight):
-    """y = silu(conv1d(x)) with a zero history. x [B, T, C], weight [K, C]
-    -> (y, pre) [B, T, C]."""
-    pre = conv1d_preactivation(_placed(x, weight.shape[0] - 1, weight.shape[0]), weight)
-    return jax.nn.silu(pre), pre
-
-
 def _block_backward(ext, weight, dy, valid):
     """conv1d_silu_backward of one block of n tokens: ext [B, K-1+n, C] (the
     block's extended window), dy [B, n, C], valid [K, B, n] or None.

@@ -7,7 +7,7 @@ from functools import partial
 
 import jax
 
-from .backends import backend_for
+from .backends import STATE_BYTES_PER_STEP, backend_for, kernel_settings
 from .manual_axes import align_varying
 from .segments import zero_padding_all
 
@@ -19,13 +19,14 @@ class DeltaRuleConfig:
     scale: float
     chunk_size: int
     interpret: str = "n/a"  # resolved GDN_INTERPRET mode (pallas): part of the jit cache key
+    state_bytes_per_step: int = STATE_BYTES_PER_STEP   # pallas grid step budget
 
 
 def _forward(cfg, q, k, v, g, beta, s0, seg):
     """Padding zeroed on the way in (identity steps) and on the way out."""
     q, k, v, g, beta = zero_padding_all(seg, q, k, v, g, beta)
     o, s_final, res = backend_for(cfg.impl, q.shape[1]).forward(q, k, v, g, beta, s0, cfg.scale,
-                                                    cfg.chunk_size, seg)
+                                                    kernel_settings(cfg), seg)
     (o,) = zero_padding_all(seg, o.astype(v.dtype))
     return (o, s_final), res
 
@@ -53,7 +54,7 @@ def _bwd(cfg, saved, cotangents):
     primals = (q, k, v, g, beta)
     qz, kz, vz, gz, betaz, do = zero_padding_all(seg, *primals, do)
     *grads, ds0 = backend_for(cfg.impl, q.shape[1]).backward(qz, kz, vz, gz, betaz, res, do, ds_final,
-                                                 cfg.scale, cfg.chunk_size, seg)
+                                                 cfg.scale, kernel_settings(cfg), seg)
     grads = zero_padding_all(seg, *grads)
     return tuple(d.astype(x.dtype) for d, x in zip(grads + (ds0,), primals + (s0,))) + (None,)
 

@@ -35,9 +35,13 @@ def resolved_mode() -> str:
     return mode
 
 
-def pallas_interpret_arg():
-    """The value for pl.pallas_call(..., interpret=...) in the current mode."""
-    mode = resolved_mode()
+def pallas_interpret_arg(mode: str):
+    """The value for pl.pallas_call(..., interpret=...) in a resolved mode
+    (resolved_mode(), read when the op is called and kept in its static
+    configuration: the kernel never reads the environment at trace time)."""
+    if mode not in MODES[1:]:
+        raise ValueError(f"a Pallas kernel needs a resolved interpret mode "
+                         f"{MODES[1:]}, got {mode!r}")
     if mode == "hlo":
         return True
     if mode == "off":

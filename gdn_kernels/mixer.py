@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from . import conv1d, gates, l2norm, segments
-from .backends import backend_for
+from .backends import STATE_BYTES_PER_STEP, backend_for, kernel_settings
 from .chunk_math import accumulation_dtype
 from .manual_axes import align_varying
 from .segments import zero_padding_all
@@ -40,6 +40,7 @@ class MixerConfig:
     scale: float
     chunk_size: int
     interpret: str = "n/a"  # resolved GDN_INTERPRET mode (pallas): part of the jit cache key
+    state_bytes_per_step: int = STATE_BYTES_PER_STEP   # pallas grid step budget
 
 
 class Prologue(NamedTuple):
@@ -190,7 +191,8 @@ def _forward(cfg, x, conv_weight, a, b, a_log, dt_bias, seg, state):
     ext, win, s_in = _inputs(cfg, x, conv_weight, seg, state)
     pro = prologue(cfg, ext, conv_weight, a, b, a_log, dt_bias, seg, win)
     o, s_final, res = backend_for(cfg.impl, x.shape[1]).forward(
-        pro.q, pro.k, pro.v, pro.g, pro.beta, s_in.recurrent, cfg.scale, cfg.chunk_size, seg)
+        pro.q, pro.k, pro.v, pro.g, pro.beta, s_in.recurrent, cfg.scale, kernel_settings(cfg),
+        seg)
     (o,) = zero_padding_all(seg, o.astype(x.dtype))
     conv = conv_state(ext, conv_weight.shape[0] - 1, seg, win).astype(x.dtype)
     return (o, GDNState(conv, s_final)), (ext, win, pro._replace(pre=None), res)
@@ -222,7 +224,7 @@ def _bwd(cfg, saved, cotangents):
     (do,) = zero_padding_all(seg, do.astype(acc))
     dq, dk, dv, dg, dbeta, ds0 = backend_for(cfg.impl, x.shape[1]).backward(
         pro.q, pro.k, pro.v, pro.g, pro.beta, res, do,
-        d_state.recurrent.astype(acc), cfg.scale, cfg.chunk_size, seg)
+        d_state.recurrent.astype(acc), cfg.scale, kernel_settings(cfg), seg)
     dq, dk, dv, dg, dbeta = zero_padding_all(seg, dq, dk, dv, dg, dbeta)
     if cfg.use_qk_norm:
         dq = l2norm.l2norm_backward(pro.q_raw, dq, cfg.eps)

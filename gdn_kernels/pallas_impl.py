@@ -240,21 +240,19 @@ _HBM = pl.BlockSpec(memory_space=pl.ANY)
 # --------------------------------------------------------------------------
 
 # Value rows (batch row, value head) a grid step works on: the most whose
-# [Dk, Dv] states take at most this many bytes. One step's VMEM is about 10x
-# its states (double-buffered streams and output blocks): 512 KiB keeps it
-# near 5 MiB. Where only the whole width is a legal lane window (D not a
-# multiple of 128 and several key heads), a step takes all Hv heads of one
-# batch row, over this budget. The step's per-chunk math is vmapped over its
-# rows: batched matmuls, and fewer grid steps (on a CPU each interpreted grid
-# step costs ~100 small XLA ops).
-STATE_BYTES_PER_STEP = 512 * 1024
+# [Dk, Dv] states fit KernelSettings.state_bytes_per_step. Where only the
+# whole width is a legal lane window (D not a multiple of 128 and several
+# key heads), a step takes all Hv heads of one batch row, over that budget.
+# The step's per-chunk math is vmapped over its rows: batched matmuls, and
+# fewer grid steps (each interpreted grid step is ~100 small XLA ops).
 LANES = 128   # a TPU lane tile: a window narrower than its array's last dim is a multiple
 
 
-def step_block(bsz: int, hv: int, group: int, dk: int, dv: int, itemsize: int):
+def step_block(bsz: int, hv: int, group: int, dk: int, dv: int, itemsize: int,
+               state_bytes: int):
     """(Bb, Hb): batch rows and value heads a grid step works on, Bb | B,
     Hb | Hv, Hb a multiple of G (whole key heads). The most value rows Bb Hb
-    whose states fit STATE_BYTES_PER_STEP (the most heads first) among the
+    whose states fit state_bytes (the most heads first) among the
     head blocks whose lane windows are legal TPU blocks (Hb = Hv, or Hb Dv
     and Hb / G Dk multiples of LANES); the smallest legal block if none fits."""
     def lanes_ok(hb):
@@ -263,7 +261,7 @@ def step_block(bsz: int, hv: int, group: int, dk: int, dv: int, itemsize: int):
     heads = [hb for hb in range(group, hv + 1, group) if hv % hb == 0 and lanes_ok(hb)]
     blocks = [(bb, hb) for hb in heads for bb in range(1, bsz + 1) if bsz % bb == 0]
     fits = [blk for blk in blocks if blk[0] * blk[1] * dk * dv * itemsize
-            <= STATE_BYTES_PER_STEP]
+            <= state_bytes]
     if not fits:
         return 1, min(heads)
     return max(fits, key=lambda blk: (blk[0] * blk[1], blk[1]))
@@ -321,12 +319,12 @@ class _Dims(NamedTuple):
         return j * self.value_width, self.value_width
 
 
-def _dims(q, v, chunk, acc) -> _Dims:
+def _dims(q, v, chunk, acc, state_bytes: int) -> _Dims:
     bsz, t, hk, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     group = hv // hk
     n_chunks = layout.num_chunks(t, chunk)
-    bb, hb = step_block(bsz, hv, group, dk, dv, jnp.dtype(acc).itemsize)
+    bb, hb = step_block(bsz, hv, group, dk, dv, jnp.dtype(acc).itemsize, state_bytes)
     return _Dims(bsz, t, hk, hv, dk, dv, group, n_chunks, n_chunks * chunk, bb, hb)
 
 
@@ -390,13 +388,14 @@ def _split_refs(refs, sizes):
     return groups
 
 
-def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, inputs):
+def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, inputs, mode):
     """pl.pallas_call over the grid (B / Bb, Hv / Hb, N) of inputs, every one
     left in HBM.
 
     out_shape: ((shape, dtype), ...); under jax.shard_map the outputs vary
     over the manual mesh axes the inputs vary over (manual_axes), and the
-    kernel prefetches under pl.when (see _stream_chunks)."""
+    kernel prefetches under pl.when (see _stream_chunks). mode: the
+    resolved GDN_INTERPRET mode (KernelSettings.interpret)."""
     inputs = align_varying(*inputs)
     mat = jax.typeof(inputs[0]).mat
     return pl.pallas_call(
@@ -407,7 +406,7 @@ def _call(kernel, name, d: _Dims, out_shape, out_specs, scratch_shapes, inputs):
         in_specs=[_HBM] * len(inputs), out_specs=out_specs,
         scratch_shapes=scratch_shapes + [pltpu.SemaphoreType.DMA((2,))],
         compiler_params=_compiler_params(),
-        interpret=interpret.pallas_interpret_arg(), name=name)(*inputs)
+        interpret=interpret.pallas_interpret_arg(mode), name=name)(*inputs)
 
 
 def _state_block(ref, i, j, d: _Dims):
@@ -467,13 +466,15 @@ def _forward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
         s_final_ref[...] = s_scr[...]
 
 
-def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
+def forward(q, k, v, g, beta, s0, scale, settings, seg=None):
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
-    s0 [B, Hv, Dk, Dv]; seg: segments.Segments or None (padding already
-    zeroed by the caller). Returns (o [B, T, Hv, Dv] accumulation dtype,
-    final state [B, Hv, Dk, Dv], Residuals)."""
+    s0 [B, Hv, Dk, Dv]; settings: backends.KernelSettings; seg:
+    segments.Segments or None (padding already zeroed by the caller).
+    Returns (o [B, T, Hv, Dv] accumulation dtype, final state
+    [B, Hv, Dk, Dv], Residuals)."""
     acc = cm.accumulation_dtype(v.dtype)
-    d = _dims(q, v, chunk, acc)
+    chunk = settings.chunk
+    d = _dims(q, v, chunk, acc, settings.state_bytes_per_step)
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
     o, tinv, states, s_final = _call(
         functools.partial(_forward_kernel, d=d, scale=scale, chunk=chunk),
@@ -493,7 +494,7 @@ def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
         scratch_shapes=_token_scratch(d, chunk, acc, seg is not None) + [
             pltpu.VMEM((d.bb, d.hb, d.dk, d.dv), acc),     # state S of every row
         ],
-        inputs=(*tokens, s0.astype(acc)),
+        inputs=(*tokens, s0.astype(acc)), mode=settings.interpret,
     )
     return _token_output(o, d.t, d.hv), s_final, Residuals(tinv, states)
 
@@ -553,13 +554,14 @@ def _backward_kernel(*refs, d: _Dims, scale, chunk, prefetch_when):
         ds0_ref[...] = ds_scr[...]
 
 
-def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=None):
+def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, settings, seg=None):
     """Cotangents (dq, dk, dv, dg, dbeta, ds0) in the accumulation dtype,
     from the residuals of `forward`; dq, dk summed over each key head's
     value heads. do [B, T, Hv, Dv], ds_final [B, Hv, Dk, Dv]; seg as in
     `forward` (padding cotangents are zeroed by the caller)."""
     acc = cm.accumulation_dtype(v.dtype)
-    d = _dims(q, v, chunk, acc)
+    chunk = settings.chunk
+    d = _dims(q, v, chunk, acc, settings.state_bytes_per_step)
     tokens = _token_inputs(q, k, v, g, beta, chunk, acc, seg)
     n = d.n_chunks
     dq, dk_, dv_, dg, dbeta, ds0 = _call(
@@ -582,6 +584,7 @@ def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=N
         ],
         inputs=(*tokens, res.states.astype(acc), res.tinv.astype(acc),
                 _token_input(do, chunk, acc), ds_final.astype(acc)),
+        mode=settings.interpret,
     )
     t = d.t
     dg, dbeta = (jnp.swapaxes(x[:, :, :t, 0], 1, 2) for x in (dg, dbeta))

@@ -65,20 +65,21 @@ def _run(q, k, v, g, beta, s0, scale, start):
     return jnp.stack(outs, axis=1), s
 
 
-def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
+def forward(q, k, v, g, beta, s0, scale, settings, seg=None):
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
     s0 [B, Hv, Dk, Dv]; seg: segments.Segments or None (padding zeroed by
     the caller: identity steps). Returns (o [B, T, Hv, Dv], final state,
-    Residuals), accumulation dtype. `chunk` is unused."""
-    del chunk
+    Residuals), accumulation dtype. `settings` (backends.KernelSettings) is
+    unused."""
+    del settings
     o, s = _run(q, k, v, g, beta, s0, scale, None if seg is None else seg.start)
     return o, s, Residuals(s0)
 
 
-def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, chunk, seg=None):
+def backward(q, k, v, g, beta, res: Residuals, do, ds_final, scale, settings, seg=None):
     """(dq, dk, dv, dg, dbeta, ds0) in the accumulation dtype: reverse mode
     of `forward`'s steps (dq, dk summed over each key head's value heads)."""
-    del chunk
+    del settings
     acc = accumulation_dtype(v.dtype)
     start = None if seg is None else seg.start
 

@@ -181,12 +181,13 @@ def block_forward(s, blk: Blocks, scale):
     return s_end, (o, ChunkResiduals(intra.tinv, p, intra.u, intra.w, new_values, states))
 
 
-def forward(q, k, v, g, beta, s0, scale, chunk, seg=None):
+def forward(q, k, v, g, beta, s0, scale, settings, seg=None):
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
-    s0 [B, Hv, Dk, Dv]; seg: segments.Segments or None (padding already
-    zeroed by the caller). Returns (o [B, T, Hv, Dv] accumulation dtype,
-    final state [B, Hv, Dk, Dv], ChunkResiduals [NB, S, B, Hv, ...])."""
-    x = pad_inputs(q, k, v, g, beta, seg, chunk)
+    s0 [B, Hv, Dk, Dv]; settings: backends.KernelSettings (its chunk);
+    seg: segments.Segments or None (padding already zeroed by the caller).
+    Returns (o [B, T, Hv, Dv] accumulation dtype, final state
+    [B, Hv, Dk, Dv], ChunkResiduals [NB, S, B, Hv, ...])."""
+    x = pad_inputs(q, k, v, g, beta, seg, settings.chunk)
     s0 = varying_like(s0.astype(x.acc), q, k, v, g, beta)   # under shard_map: varies like them
 
     def step(carry, i):
@@ -244,12 +245,13 @@ def grads_to_rows(grads: cm.ChunkGrads, group: int) -> cm.ChunkGrads:
     return cm.ChunkGrads(dq, dk, *(layout.block_to_rows(d) for d in grads[2:]))
 
 
-def backward(q, k, v, g, beta, res: ChunkResiduals, do, ds_final, scale, chunk, seg=None):
+def backward(q, k, v, g, beta, res: ChunkResiduals, do, ds_final, scale, settings, seg=None):
     """Cotangents (dq, dk, dv, dg, dbeta, ds0) in the accumulation dtype,
     from the residuals of `forward`; dq, dk summed over each key head's
     value heads. q, k, v, g, beta, seg as given to `forward`; do [B, T, Hv,
     Dv], ds_final [B, Hv, Dk, Dv] (padding cotangents are zeroed by the
     caller)."""
+    chunk = settings.chunk
     x = pad_inputs(q, k, v, g, beta, seg, chunk)
     do = layout.pad_time(do, chunk * x.per_block)
     ds_final = varying_like(ds_final.astype(x.acc), res, do)

@@ -160,11 +160,11 @@ ROW_SPLITS = {
 }
 
 
-def _backend_vjp(case):
+def _backend_vjp(case, mode: str, state_bytes: int):
     """The pallas backend through delta_rule's custom VJP (its padding
-    handling included) on the case's inputs and random cotangents, traced
-    afresh: a new jit, not api's cached one, because the step block is
-    chosen at trace time. Returns name -> array."""
+    handling included) on the case's inputs and random cotangents, in
+    interpret mode `mode` with grid steps of at most `state_bytes` of
+    states (KernelSettings). Returns name -> array."""
     inputs = runners.case_inputs(case)
     primals = tuple(jnp.asarray(inputs[n]) for n in
                     ("q", "k", "v", "g", "beta", "initial_state"))
@@ -173,7 +173,8 @@ def _backend_vjp(case):
     cotangents = tuple(jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
                        for x in (primals[2], primals[5]))
     cfg = delta_rule.DeltaRuleConfig(impl="pallas", scale=case.dk ** -0.5,
-                                     chunk_size=case.chunk)
+                                     chunk_size=case.chunk, interpret=mode,
+                                     state_bytes_per_step=state_bytes)
 
     def run(primals, cotangents, ids):
         seg = None if ids is None else segments.from_ids(ids)
@@ -187,7 +188,7 @@ def _backend_vjp(case):
 
 @pytest.mark.parametrize("mode", ["hlo", "tpu-sim"])
 @pytest.mark.parametrize("split", ROW_SPLITS)
-def test_row_blocks_equal_one_block(split, mode, monkeypatch):
+def test_row_blocks_equal_one_block(split, mode):
     """Under a budget of a few [Dk, Dv] states a step, every grid step takes
     a block of batch rows and whole key heads (their value heads) at its own
     batch offset and lane offset: outputs and cotangents equal the one-step
@@ -195,15 +196,12 @@ def test_row_blocks_equal_one_block(split, mode, monkeypatch):
     case, states, block = ROW_SPLITS[split]
     dims = (case.batch, case.v_heads, case.group, case.dk, case.dv, 4)
     state_bytes = case.dk * case.dv * 4
-    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP",
-                        case.batch * case.v_heads * state_bytes)
-    assert pallas_impl.step_block(*dims) == (case.batch, case.v_heads)
-    one_block = _backend_vjp(case)
-    monkeypatch.setenv(interpret.ENV_VAR, mode)
-    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", states * state_bytes)
-    assert pallas_impl.step_block(*dims) == block
+    whole = case.batch * case.v_heads * state_bytes
+    assert pallas_impl.step_block(*dims, whole) == (case.batch, case.v_heads)
+    one_block = _backend_vjp(case, interpret.resolved_mode(), whole)
+    assert pallas_impl.step_block(*dims, states * state_bytes) == block
     try:
-        blocks = _backend_vjp(case)
+        blocks = _backend_vjp(case, mode, states * state_bytes)
     except Exception:
         pltpu.reset_tpu_interpret_mode_state()
         raise
@@ -217,12 +215,11 @@ def test_row_blocks_equal_one_block(split, mode, monkeypatch):
     (64, 128, (1, 4)),    # 64 lanes of q and k: only the whole width is legal
     (32, 64, (1, 4)),
 ])
-def test_step_block_windows_are_legal_tpu_blocks(dk, dv, want, monkeypatch):
+def test_step_block_windows_are_legal_tpu_blocks(dk, dv, want):
     """Under a budget of G states (B 2, Hv 4, G 2) a step takes one key head
     only where its lane windows are a multiple of 128 lanes; otherwise all
     heads (the whole width is always legal), over the budget."""
-    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", 2 * dk * dv * 4)
-    assert pallas_impl.step_block(2, 4, 2, dk, dv, 4) == want
+    assert pallas_impl.step_block(2, 4, 2, dk, dv, 4, 2 * dk * dv * 4) == want
 
 
 # --------------------------------------------------------------------------
@@ -285,28 +282,27 @@ def test_lowers_for_tpu(op, grad, dtype, packed, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_head_blocks_lower_for_tpu(dtype, monkeypatch):
+def test_head_blocks_lower_for_tpu(dtype):
     """Grid steps over one batch row and one key head (lane windows of 128
-    and 256 lanes at their offsets, B 2, Hk 2, Hv 4, D 128): both kernels
-    lower for TPU."""
-    monkeypatch.setenv(interpret.ENV_VAR, "off")
-    monkeypatch.setattr(pallas_impl, "STATE_BYTES_PER_STEP", 2 * 128 * 128 * 4)
-    chosen, choose = [], pallas_impl.step_block
-
-    def recorded(*dims):
-        chosen.append(choose(*dims))
-        return chosen[-1]
-
-    monkeypatch.setattr(pallas_impl, "step_block", recorded)
-    s, dt = jax.ShapeDtypeStruct, jnp.dtype(dtype)
+    and 256 lanes at their offsets, B 2, Hk 2, Hv 4, D 128: a budget of two
+    states a step): both kernels lower for TPU."""
     b, t, hk, hv, d = 2, 100, 2, 4, 128
+    budget = 2 * d * d * 4
+    assert pallas_impl.step_block(b, hv, hv // hk, d, d, 4, budget) == (1, 2)
+    cfg = delta_rule.DeltaRuleConfig(impl="pallas", scale=d ** -0.5, chunk_size=32,
+                                     interpret="off", state_bytes_per_step=budget)
+
+    def loss(*args):
+        o, s_final = delta_rule.chunked_delta_rule(cfg, *args)
+        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s_final * s_final)
+
+    s, dt = jax.ShapeDtypeStruct, jnp.dtype(dtype)
     args = (s((b, t, hk, d), dt), s((b, t, hk, d), dt), s((b, t, hv, d), dt),
-            s((b, t, hv), dt), s((b, t, hv), dt), s((b, hv, d, d), jnp.float32), None)
-    text = (jax.jit(_lowering_fn("delta", True)).trace(*args)
+            s((b, t, hv), dt), s((b, t, hv), dt), s((b, hv, d, d), jnp.float32))
+    text = (jax.jit(jax.grad(loss, argnums=tuple(range(6)))).trace(*args)
             .lower(lowering_platforms=("tpu",)).as_text())
     names = re.findall(r'kernel_name = "(gdn_chunk_\w+)"', text)
     assert sorted(names) == ["gdn_chunk_backward", "gdn_chunk_forward"]
-    assert chosen and set(chosen) == {(1, 2)}   # traced here (no cache hit), every kernel split
 
 
 @pytest.mark.parametrize("op", ["delta", "mixer"])
