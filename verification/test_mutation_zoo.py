@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 
 from . import counterexamples, harness
 from .cli import replay
-from .mutants import MUTANTS
+from .mutants import MUTANTS, PatchError, apply_patch, changed_functions, mutated_source
 from .registry import FAMILIES, PROPERTIES, PropertyFailure, load_all
 from .targets import Target
 
@@ -150,3 +150,19 @@ def test_processes_materialising_one_mutant_at_once_share_one_copy(tmp_path):
     package = tmp_path / f"gdn_mutant_{name}"
     assert (package / MUTANTS[name].file).read_text().count(MUTANTS[name].new) >= 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [package.name]
+
+
+def test_a_mutant_is_anchored_on_its_function():
+    """A patch site applies only inside the mutant's function; when the
+    function is renamed or the site leaves it, the error names the
+    function."""
+    mutant = MUTANTS["no_decay_between_chunks"]
+    source, mutated = mutated_source(mutant.name)
+    assert changed_functions(source, mutated, mutant.file) == [f"<module>.{mutant.function}"]
+    renamed = source.replace(f"def {mutant.function}(", "def renamed_step(")
+    with pytest.raises(PatchError, match=f"function \\['{mutant.function}'\\] not found"):
+        apply_patch(renamed, mutant)
+    moved = source + "\n\ndef elsewhere(k, intra, new_values, s0):\n" + mutant.old + "\n"
+    moved = moved.replace(mutant.old, "    pass", 1)
+    with pytest.raises(PatchError, match=f"in function {mutant.function} of"):
+        apply_patch(moved, mutant)

@@ -41,20 +41,54 @@ def _root() -> str:
 
 
 class PatchError(ValueError):
-    """A mutant's patch no longer applies (its kernel line was renamed or
-    moved): the mutation run fails loudly, naming the mutant."""
+    """A mutant's patch no longer applies (its function was renamed or
+    moved, or the line inside it changed): the mutation run fails loudly,
+    naming the mutant and the function."""
+
+
+def function_spans(source: str) -> dict:
+    """Qualified name ("f", "f.inner", "Class.method") -> (start, end)
+    character offsets of each function or class definition in source."""
+    import ast
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    spans = {}
+
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                spans[name] = (starts[child.lineno - 1], starts[child.end_lineno])
+                walk(child, name + ".")
+            else:
+                walk(child, prefix)
+
+    walk(ast.parse(source), "")
+    return spans
 
 
 def apply_patch(source: str, mutant: Mutant) -> str:
-    """The mutated source. The patch site must occur exactly `count` times
-    and the patch must change code, not only comments (PatchError)."""
-    found = source.count(mutant.old)
-    if found != mutant.count:
-        raise PatchError(f"mutant {mutant.name}: expected {mutant.count} occurrence(s) "
-                         f"of its patch site in gdn_kernels/{mutant.file}, found {found} "
-                         f"(was the kernel line renamed or moved? update "
+    """The mutated source: `old` replaced by `new` inside the mutant's
+    function(s), where it must occur exactly `count` times; the patch must
+    change code, not only comments (PatchError naming the function)."""
+    spans = function_spans(source)
+    where = f"gdn_kernels/{mutant.file}"
+    missing = [f for f in mutant.functions if f not in spans]
+    if missing or not mutant.functions:
+        raise PatchError(f"mutant {mutant.name}: function {missing or '(none named)'} not "
+                         f"found in {where} (renamed or moved? update its `function` in "
                          f"verification/mutants/catalog.py)")
-    mutated = source.replace(mutant.old, mutant.new)
+    ranges = sorted(spans[f] for f in mutant.functions)
+    found = sum(source[a:b].count(mutant.old) for a, b in ranges)
+    if found != mutant.count:
+        raise PatchError(f"mutant {mutant.name}: expected {mutant.count} occurrence(s) of "
+                         f"its patch site in function {' / '.join(mutant.functions)} of "
+                         f"{where}, found {found} (the line changed, or moved to another "
+                         f"function? update verification/mutants/catalog.py)")
+    mutated = source
+    for a, b in reversed(ranges):
+        mutated = mutated[:a] + mutated[a:b].replace(mutant.old, mutant.new) + mutated[b:]
     if _code_tokens(mutated) == _code_tokens(source):
         raise PatchError(f"mutant {mutant.name}: its patch changes only comments or "
                          f"whitespace in gdn_kernels/{mutant.file}")
