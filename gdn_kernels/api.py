@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from . import reference, segments, validation
+from .backends import BACKENDS
 from .chunk_math import accumulation_dtype
 from .interpret import resolved_mode
 from .delta_rule import DeltaRuleConfig, chunked_delta_rule
@@ -25,7 +26,7 @@ def _segments(segment_ids):
 @functools.lru_cache(maxsize=None)
 def jitted_delta_rule(cfg: DeltaRuleConfig):
     """jit of (q, k, v, g, beta, s0, ids) -> (o, final state)."""
-    if cfg.impl == "reference":
+    if BACKENDS[cfg.impl].module is None:
         return jax.jit(lambda q, k, v, g, beta, s0, ids: reference.token_scan(
             q, k, v, g, beta, cfg.scale, s0, segment_ids=ids))
     return jax.jit(lambda q, k, v, g, beta, s0, ids: chunked_delta_rule(
@@ -35,7 +36,7 @@ def jitted_delta_rule(cfg: DeltaRuleConfig):
 @functools.lru_cache(maxsize=None)
 def jitted_mixer(cfg: MixerConfig):
     """jit of (x, w, a, b, a_log, dt_bias, ids, state) -> (o, GDNState)."""
-    if cfg.impl == "reference":
+    if BACKENDS[cfg.impl].module is None:
         return jax.jit(lambda x, w, a, b, a_log, dt_bias, ids, state: reference.reference_mixer(
             x, w, a, b, a_log, dt_bias, num_k_heads=cfg.num_k_heads,
             num_v_heads=cfg.num_v_heads, head_k_dim=cfg.head_k_dim,
@@ -47,7 +48,7 @@ def jitted_mixer(cfg: MixerConfig):
 
 def _interpret_key(impl):
     """The GDN_INTERPRET mode read now, so a changed mode never reuses a trace."""
-    return resolved_mode() if impl == "pallas" else "n/a"
+    return resolved_mode() if BACKENDS[impl].interprets else "n/a"
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,

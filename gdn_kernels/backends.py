@@ -1,6 +1,9 @@
-"""The one implementation switch for the chunked algorithm.
+"""The one table of implementations (`impl=`), and the switch for the
+chunked algorithm.
 
-A backend is a module with
+BACKENDS: impl name -> Backend(module, interprets). Validation, the API,
+the benchmarks and the seeded-bug mutants read it; adding an impl is one
+entry here and one module. A chunked backend's module has
   forward(q, k, v, g, beta, s0, scale, settings, seg=None)
       -> (o, final_state, residuals)
   backward(q, k, v, g, beta, residuals, do, ds_final, scale, settings, seg=None)
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from typing import Callable, NamedTuple, Optional
 
 from .recurrent_impl import RECURRENT_MAX_T
 
@@ -47,28 +51,49 @@ def kernel_settings(cfg) -> KernelSettings:
     return KernelSettings(cfg.chunk_size, cfg.interpret, cfg.state_bytes_per_step)
 
 
-# Module names relative to this package (so a renamed copy of the package,
-# e.g. a seeded-bug mutant, uses its own backends).
-CHUNKED_BACKENDS = {
-    "xla": ".xla_impl",
-    "pallas": ".pallas_impl",
+class Backend(NamedTuple):
+    """One implementation of the ops.
+
+    module:     its forward/backward module, relative to this package (so a
+                renamed copy of the package, e.g. a seeded-bug mutant, runs
+                its own), or None: the oracle's token scan, plain autodiff
+    interprets: its kernels are Pallas kernels (GDN_INTERPRET applies)
+    """
+    module: Optional[str]
+    interprets: bool = False
+
+
+BACKENDS = {
+    "pallas": Backend(".pallas_impl", interprets=True),
+    "xla": Backend(".xla_impl"),
+    "reference": Backend(None),
 }
+# The impls that run the chunked algorithm (custom VJP, forward/backward).
+CHUNKED = tuple(name for name, b in BACKENDS.items() if b.module is not None)
 
 
-def get_backend(impl: str):
-    """The backend module of a chunked impl ("xla" or "pallas")."""
-    try:
-        name = CHUNKED_BACKENDS[impl]
-    except KeyError:
-        raise ValueError(f"impl must be one of {tuple(CHUNKED_BACKENDS)} here, "
-                         f"got {impl!r}") from None
-    return importlib.import_module(__package__ + name)
+class ChunkedOps(NamedTuple):
+    """A chunked backend's pair (see the module docstring for signatures)."""
+    forward: Callable
+    backward: Callable
 
 
-def backend_for(impl: str, seq_len: int):
-    """The backend a call of T = seq_len tokens runs on: the token-by-token
+def _ops(module: str) -> ChunkedOps:
+    mod = importlib.import_module(__package__ + module)
+    return ChunkedOps(mod.forward, mod.backward)
+
+
+def get_backend(impl: str) -> ChunkedOps:
+    """The forward/backward pair of a chunked impl (one of CHUNKED)."""
+    if impl not in CHUNKED:
+        raise ValueError(f"impl must be one of {CHUNKED} here, got {impl!r}")
+    return _ops(BACKENDS[impl].module)
+
+
+def backend_for(impl: str, seq_len: int) -> ChunkedOps:
+    """The pair a call of T = seq_len tokens runs on: the token-by-token
     decode path (recurrent_impl) for T <= RECURRENT_MAX_T, whatever the
     impl; else the impl's chunked backend."""
     if seq_len <= RECURRENT_MAX_T:
-        return importlib.import_module(__package__ + ".recurrent_impl")
+        return _ops(".recurrent_impl")
     return get_backend(impl)

@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = ("pallas", "xla", "reference")
+from .backends import BACKENDS
+
+IMPLS = tuple(BACKENDS)
 ACTIVATION_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
 SEGMENT_ID_DTYPES = (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64))
 MIN_CHUNK, MAX_CHUNK = 16, 128

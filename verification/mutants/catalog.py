@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Tuple, Union
 
+from gdn_kernels.backends import CHUNKED
+
 
 @dataclasses.dataclass(frozen=True)
 class Mutant:
@@ -20,7 +22,7 @@ class Mutant:
     old: str
     new: str
     killers: Tuple[str, ...]      # properties expected to kill it
-    impls: Tuple[str, ...] = ("xla", "pallas")
+    impls: Tuple[str, ...] = CHUNKED   # the impls whose code path it breaks
     count: int = 1                # occurrences of `old` that are replaced
     function: Union[str, Tuple[str, ...]] = ""
 
