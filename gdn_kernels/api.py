@@ -6,16 +6,14 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 
 from . import reference, segments, validation
 from .backends import BACKENDS
-from .chunk_math import accumulation_dtype
 from .interpret import resolved_mode
 from .delta_rule import DeltaRuleConfig, chunked_delta_rule
 from .l2norm import DEFAULT_EPS
 from .mixer import MixerConfig, gdn_mixer
-from .state import GDNState
+from .state import GDNState, zero_recurrent, zero_state
 
 
 def _segments(segment_ids):
@@ -76,9 +74,8 @@ def delta_rule_config(q, scale, chunk_size, impl) -> DeltaRuleConfig:
 
 
 def zero_initial_state(q, v):
-    """The initial state None stands for: zeros [B, Hv, Dk, Dv], accumulation dtype."""
-    bsz, hv, dk, dv = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
-    return jnp.zeros((bsz, hv, dk, dv), accumulation_dtype(v.dtype))
+    """The initial state None stands for (state.zero_recurrent)."""
+    return zero_recurrent(q.shape[0], v.shape[2], q.shape[3], v.shape[3], v.dtype)
 
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
@@ -107,11 +104,8 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
 
 
 def zero_mixer_state(x, conv_weight, num_v_heads, head_k_dim, head_v_dim) -> GDNState:
-    """The GDNState None stands for: zeros, conv in x's dtype, recurrent float32."""
-    bsz, _, c = x.shape
-    return GDNState(jnp.zeros((bsz, conv_weight.shape[0] - 1, c), x.dtype),
-                    jnp.zeros((bsz, num_v_heads, head_k_dim, head_v_dim),
-                              accumulation_dtype(x.dtype)))
+    """The GDNState None stands for (state.zero_state)."""
+    return zero_state(x, conv_weight.shape[0], num_v_heads, head_k_dim, head_v_dim)
 
 
 def mixer_config(num_k_heads, num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps, scale,

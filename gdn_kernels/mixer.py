@@ -23,7 +23,7 @@ from .backends import STATE_BYTES_PER_STEP, backend_for, kernel_settings
 from .chunk_math import accumulation_dtype
 from .manual_axes import align_varying
 from .segments import zero_padding_all
-from .state import GDNState
+from .state import GDNState, zero_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,14 +159,13 @@ def prologue(cfg: MixerConfig, ext, conv_weight, a, b, a_log, dt_bias, seg=None,
 
 
 def initial_state(cfg: MixerConfig, x, conv_weight, state):
-    """GDNState in the accumulation dtype: `state`, or zeros when None."""
+    """GDNState in the accumulation dtype: `state`, or the zeros None
+    stands for (state.zero_state)."""
     acc = accumulation_dtype(x.dtype)
-    if state is not None:
-        return GDNState(state.conv.astype(acc), state.recurrent.astype(acc))
-    bsz, _, c = x.shape
-    return GDNState(
-        jnp.zeros((bsz, conv_weight.shape[0] - 1, c), acc),
-        jnp.zeros((bsz, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim), acc))
+    if state is None:
+        state = zero_state(x, conv_weight.shape[0], cfg.num_v_heads, cfg.head_k_dim,
+                           cfg.head_v_dim)
+    return GDNState(state.conv.astype(acc), state.recurrent.astype(acc))
 
 
 def _inputs(cfg, x, conv_weight, seg, state):

@@ -18,3 +18,19 @@ class GDNState(NamedTuple):
     """
     conv: jnp.ndarray
     recurrent: jnp.ndarray
+
+
+def zero_recurrent(batch: int, v_heads: int, dk: int, dv: int, dtype) -> jnp.ndarray:
+    """The recurrent state no state stands for: zeros [B, Hv, Dk, Dv] in the
+    accumulation dtype of activations of `dtype` (float32; float64 for
+    float64 inputs)."""
+    from .chunk_math import accumulation_dtype
+    return jnp.zeros((batch, v_heads, dk, dv), accumulation_dtype(dtype))
+
+
+def zero_state(x, conv_width: int, v_heads: int, dk: int, dv: int) -> GDNState:
+    """The GDNState `state=None` stands for (docs/contract.md section 7):
+    conv zeros [B, K-1, C] in x's dtype, recurrent zeros (zero_recurrent)."""
+    batch, _, channels = x.shape
+    return GDNState(jnp.zeros((batch, conv_width - 1, channels), x.dtype),
+                    zero_recurrent(batch, v_heads, dk, dv, x.dtype))
