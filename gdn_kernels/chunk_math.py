@@ -201,11 +201,11 @@ def _invert_by_doubling(a):
     blocks at once. Each step is blocked substitution (as the halving in
     invert_unit_lower), no power series: no large intermediate entries.
 
-    Replaces a row-by-row forward substitution (a lax.scan of n - 1 steps):
-    the Pallas interpreter ran its 4 x 15 loop steps per chunk as ~600 tiny
-    ops; at B2-T4096-D128 the forward went 261 -> 237 ms (pallas) and
-    288 -> 274 ms (xla). Masks use bitwise ops on iota (no integer
-    division: it lowers on TPU only as shifts).
+    Replaces a row-by-row forward substitution (a lax.scan of n - 1 steps),
+    which the Pallas interpreter ran as hundreds of tiny ops per chunk; the
+    forward got faster on both backends (benchmarks/README.md, "Numbers
+    behind the kernels' comments"). Masks use bitwise ops on iota (no
+    integer division: it lowers on TPU only as shifts).
     """
     n = a.shape[0]
     row, col = _row_col(n)

@@ -117,9 +117,8 @@ def _compiler_params():
 # Why not BlockSpec inputs: Pallas' HLO interpreter (interpret=True, the CPU
 # mode) carries every blocked input through its grid loop and writes each
 # input block back after the step; XLA then copies each whole input array
-# twice per grid step (measured: 80 ms for a kernel that only doubles a
-# [2, 4, 2048, 64] array; 2 ms with this stream). Outputs keep BlockSpecs
-# (written in place, no copy).
+# twice per grid step (benchmarks/README.md, "Numbers behind the kernels'
+# comments"). Outputs keep BlockSpecs (written in place, no copy).
 
 class _Stream(NamedTuple):
     """One input streamed chunk by chunk: hbm ref (whole array), VMEM buffer
@@ -144,8 +143,7 @@ def _stream_chunks(streams, sems, n, n_chunks, chunk_of, prefetch_when):
     The prefetch is unconditional (the last step fetches its own chunk again
     into the idle slot and waits for it before the kernel ends): under
     pl.when it becomes, in interpret mode, a conditional that copies every
-    buffer in and out at every step (measured: 45 ms of op time in the
-    backward at B2-T4096-D128). prefetch_when=True keeps it under pl.when: under
+    buffer in and out at every step. prefetch_when=True keeps it under pl.when: under
     jax.shard_map the interpreter's discharge of a DMA outside a conditional
     slices the varying input with the grid's invariant indices, which JAX
     rejects. Returns the slot."""

@@ -111,8 +111,8 @@ def conv_windows(seg: Segments, width: int) -> ConvWindows:
     tail_keep = jnp.take_along_axis(doc_x, tail, axis=1) == seg.doc[:, -1:]
     # computed once (see from_ids): the conv backward's gathers and masked
     # taps otherwise fuse the cumsum, index bounds and document comparisons
-    # into one per-channel loop (measured 130-160 ms vs 42 ms unpacked at
-    # B2 T4096 D128)
+    # into one per-channel loop, several times slower than the unpacked conv
+    # (benchmarks/README.md, "Numbers behind the kernels' comments")
     return lax.optimization_barrier(
         ConvWindows(order=order, position=position, valid=jnp.stack(valid),
                     count=count, tail_keep=tail_keep))

@@ -15,8 +15,8 @@ The inputs stay in the contract layout [B, T, H, D]: each scan step slices
 its super-block and transposes it to the chunk layout [S, B, H, C, D], and
 writes its outputs (gradients) back into a [B, T, H, D] carry buffer in
 place, so the layout change is one small in-cache copy per block, not a
-pass over every input and output in memory (on this 2-core CPU each fresh
-buffer of 32 MiB or more also costs ~0.33 ms/MiB in page faults).
+pass over every input and output in memory (a large fresh buffer also
+costs page faults on a CPU).
 
 Residuals saved by the forward, per chunk: the inverse, the WY factors u
 and w, the attention P, the state entering it and the values E it wrote.
@@ -38,10 +38,10 @@ from . import chunk_math as cm
 from . import layout
 from .manual_axes import varying_like
 
-# Chunks per step of the scans over chunks. Measured fwd+bwd at B2-T4096-Hk2-Hv4-D128
-# (benchmarks/README.md): on a 2-core AVX-512 machine 4 / 8 / 16 gave 0.84 / 0.82 / 0.89 of
-# plain chunked JAX; on a 2-core AMD EPYC (512 KiB L2 a core) 2 / 4 / 8 took 657 / 677 / 731 ms
-# (21 interleaved runs; smaller blocks keep a step's [S, B, H, C, D] intermediates in cache).
+# Chunks per step of the scans over chunks: small enough that a step's
+# [S, B, H, C, D] intermediates stay in cache, large enough to amortise the
+# step (the measured choice: benchmarks/README.md, "Numbers behind the
+# kernels' comments").
 SUPER_BLOCK = 4
 
 
