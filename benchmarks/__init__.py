@@ -10,6 +10,6 @@ Modules:
   packed       packed-sequence overhead: segment_ids against None, interleaved
   throughput   pytest throughput under the dev / ci profiles (subprocess)
   report       ratios, log-log growth fits, acceptance, JSON / Markdown / PNG
-  profile_vjp  where the time of the xla path goes (stages, cost analysis)
-  profile_packed  where the extra time of packed sequences goes
+  profile_packed  where the extra time of packed sequences goes (public API:
+               whole ops, thunk times from profiler traces)
 """

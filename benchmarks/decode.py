@@ -105,13 +105,6 @@ def state_api_reason() -> Optional[str]:
     return None
 
 
-def gdn_state_class():
-    cls = getattr(gdn_kernels, "GDNState", None)
-    if cls is None:
-        from gdn_kernels.state import GDNState as cls   # not exported yet
-    return cls
-
-
 def _heads(size: Size) -> dict:
     return dict(num_k_heads=size.Hk, num_v_heads=size.Hv, head_k_dim=size.Dk,
                 head_v_dim=size.Dv)
@@ -183,12 +176,6 @@ def plain_step_fn(size: Size, eps: float = float(DEFAULT_EPS),
 
 
 # ---------------------------------------------------------------- the loops
-def _block_leaf(tree):
-    """block_until_ready on the first leaf (the output): a serving loop needs
-    the token, not the state."""
-    return jax.block_until_ready(jax.tree_util.tree_leaves(tree)[0])
-
-
 class Entry:
     """One decode entry: run(inp, n, sync, keep, on_step) -> (final conv,
     final recurrent, outputs or None)."""
@@ -199,7 +186,6 @@ class Entry:
             self._plain = plain_step_fn(size)
         else:
             self._heads = _heads(size)
-            self._state_cls = gdn_state_class()
 
     def compiled_step(self, inp: DecodeInputs):
         """One step as one compiled program (ours: the public call under an
@@ -211,7 +197,7 @@ class Entry:
             fn = self._plain
         else:
             op, impl, heads, cls = (gdn_kernels.gdn_decoupled_conv1d, self.name, self._heads,
-                                    self._state_cls)
+                                    gdn_kernels.GDNState)
 
             def step(x, w, a, b, a_log, dt_bias, conv, rec):
                 o, st = op(x, w, a, b, a_log, dt_bias, **heads, chunk_size=self.chunk,
@@ -233,7 +219,7 @@ class Entry:
                 return o, (conv, rec)
         else:
             op, impl, heads = gdn_kernels.gdn_decoupled_conv1d, self.name, self._heads
-            state = self._state_cls(inp.conv0, inp.rec0)
+            state = gdn_kernels.GDNState(inp.conv0, inp.rec0)
 
             def step(x, a, b, state):
                 return op(x, w, a, b, a_log, dt_bias, **heads, chunk_size=self.chunk,
@@ -440,7 +426,7 @@ def _decode_size(cfg: DecodeConfig, size: Size, log) -> Tuple[List[dict], List[d
             o, st = gdn_kernels.gdn_decoupled_conv1d(
                 inp.x_all[:, sl], w, inp.a_all[:, sl], inp.b_all[:, sl], a_log, dt_bias,
                 **_heads(size), chunk_size=cfg.chunk, impl="xla",
-                state=gdn_state_class()(inp.conv0, inp.rec0), return_state=True)
+                state=gdn_kernels.GDNState(inp.conv0, inp.rec0), return_state=True)
             records["xla"]["vs_one_pass"] = _compare(finals["xla"], (o, st.conv, st.recurrent))
         except Exception as err:  # noqa: BLE001 - a check, not the timing
             records["xla"]["vs_one_pass_error"] = f"{type(err).__name__}: {err}"[:400]

@@ -99,18 +99,6 @@ def documents(ids_row: np.ndarray) -> List[np.ndarray]:
     return np.split(kept, cuts)
 
 
-def validate_layouts(layouts: BatchLayout, batch: int, seq_len: int) -> None:
-    """ValueError unless layouts is `batch` rows of (id, length) runs with
-    0 <= id < 2**31, length >= 1 and lengths summing to seq_len."""
-    if len(layouts) != batch:
-        raise ValueError(f"{len(layouts)} row layouts for batch {batch}")
-    for b, row in enumerate(layouts):
-        if any(not 0 <= seg_id < 2**31 or length < 1 for seg_id, length in row):
-            raise ValueError(f"row {b}: bad run in {row}")
-        if sum(length for _, length in row) != seq_len:
-            raise ValueError(f"row {b}: lengths of {row} do not sum to {seq_len}")
-
-
 # --- drawing layouts ---------------------------------------------------------
 
 def _special_length(kind: str, pos: int, chunk: int, conv_width: int) -> int:

@@ -22,7 +22,8 @@
       GDN_STATS_FILE) or of mutation shards (mutants --shard I/N) into one
       verdict: merged-report.json / .md
   gdn-verify bench [BENCH OPTIONS]
-      the benchmark harness, same as `python -m benchmarks` (see --help there)
+      the benchmark harness: runs `python -m benchmarks BENCH OPTIONS` and
+      exits with its exit code (see --help there)
 
 Options may come before or after the command; one the command does not take
 is an error. Exit codes: those of pytest for `run` (0 all held, 1 a failure,
@@ -301,6 +302,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def bench_command(bench_args: List[str]) -> int:
+    """`python -m benchmarks BENCH_ARGS` as a child process, with the
+    benchmarks/ beside this package importable (the suite never imports the
+    harness, which depends on it); its exit code, 128 + N when signal N
+    ended it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    code = subprocess.call([sys.executable, "-m", "benchmarks", *bench_args], env=env)
+    return code if code >= 0 else 128 - code
+
+
 def parse(argv: List[str]):
     """(options as a dict, pytest args after --); SystemExit 2 with a message
     for an option the command does not take."""
@@ -325,8 +338,7 @@ def parse(argv: List[str]):
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # every option belongs to the benchmark's own parser
-        from benchmarks.__main__ import main as bench_main
-        return bench_main(argv[1:])
+        return bench_command(argv[1:])
     args, extra = parse(argv)
     command = args["command"]
     from .targets import make_importable

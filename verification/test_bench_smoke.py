@@ -1,7 +1,9 @@
-"""Smoke test of the benchmark harness (benchmarks/): the --quick ladder for
-xla and reference, one timed run, in a subprocess (its compiles stay out of
-this process's counts); checks the JSON and Markdown structure, and that
-`gdn-verify bench` forwards to the harness."""
+"""Smoke tests of the benchmark entry points, each on its quickest settings,
+in a subprocess (its compiles stay out of this process's counts):
+`python -m benchmarks` (the --quick ladder for xla and reference, one timed
+run; the packed overhead), `gdn-verify bench` (the decode section),
+`python -m benchmarks.main_job` and `python -m benchmarks.profile_packed`;
+checks the JSON and Markdown structure."""
 
 import json
 import os
@@ -64,14 +66,57 @@ def test_quick_ladder_writes_json_and_markdown(tmp_path):
     assert not (tmp_path / "smoke.png").exists()
 
 
-def test_gdn_verify_bench_forwards_to_the_harness(monkeypatch):
-    import benchmarks.__main__ as bench_main
+def test_gdn_verify_bench_runs_the_harness_with_its_arguments(tmp_path):
+    """gdn-verify bench ARGS is python -m benchmarks ARGS: the cheapest real
+    benchmark (one decode step size, two steps, one timed loop, xla only)
+    runs with the arguments it was given and writes where --out says."""
+    args = ["--decode-only", "--quick", "--decode-parts", "decode", "--decode-batches", "1",
+            "--decode-impls", "xla", "--decode-repeats", "1", "--decode-steps", "2",
+            "--decode-count-steps", "2", "--out", str(tmp_path), "--name", "forwarded"]
+    proc = subprocess.run([sys.executable, "-m", "verification.cli", "bench", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "forwarded.json").read_text())
+    assert doc["meta"]["command"] == "python -m benchmarks " + " ".join(args)
+    config = doc["decode"]["config"]
+    assert (config["impls"], config["steps"], config["repeats"]) == (["xla"], 2, 1)
+    assert [s["B"] for s in config["sizes"]] == [1] and doc["decode"]["prefill"] == []
+    assert [(r["entry"], r["status"]) for r in doc["decode"]["decode"]] == [
+        ("xla", "ok"), ("plain", "ok")]
+    assert "## Decode" in (tmp_path / "forwarded.md").read_text()
+
+
+def test_gdn_verify_bench_exits_with_the_harness_status(capfd):
+    """The harness's own parser answers (in the child process, hence capfd):
+    --help (exit 0) and a usage error (exit 2, its message), both without
+    running a benchmark."""
     from verification import cli
 
-    seen = []
-    monkeypatch.setattr(bench_main, "main", lambda argv: seen.append(argv) or 0)
-    assert cli.main(["bench", "--quick", "--impls", "xla"]) == 0
-    assert seen == [["--quick", "--impls", "xla"]]
+    assert cli.main(["bench", "--help"]) == 0
+    assert "usage: python -m benchmarks" in capfd.readouterr().out
+    assert cli.main(["bench", "--repeats", "0"]) == 2
+    assert "--repeats and --packed-repeats must be >= 1" in capfd.readouterr().err
+
+
+def test_suite_modules_do_not_import_the_harness():
+    """benchmarks depends on verification, not the reverse: no module of
+    verification/ but its tests imports benchmarks."""
+    import ast
+    importers = []
+    for root, _, files in os.walk(os.path.join(REPO, "verification")):
+        for name in files:
+            if not name.endswith(".py") or name.startswith("test_"):
+                continue
+            path = os.path.join(root, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                           else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                           else [])
+                if any(m == "benchmarks" or m.startswith("benchmarks.") for m in modules):
+                    importers.append(os.path.relpath(path, REPO))
+    assert not importers, importers
 
 
 def test_packed_layout_is_realistic():
@@ -152,3 +197,19 @@ def test_main_job_benchmark_runs_cold_then_warm(tmp_path):
     assert cold["properties"] == warm["properties"] == 2 and cold["examples"] >= 2
     assert cold["cache_hits"] == 0 and warm["cache_hits"] > 0
     assert "| warm (median of 1) |" in proc.stdout
+
+
+def test_profile_packed_runs_both_sections():
+    """python -m benchmarks.profile_packed on a tiny packed size: the whole-op
+    timings (unpacked, packed, one-doc) and the thunk-time trace diff."""
+    cmd = [sys.executable, "-m", "benchmarks.profile_packed", "--size", "bench-quick,2,64",
+           "--chunk-size", "16", "--repeats", "1", "--impls", "xla", "--ops", "delta_rule",
+           "--sections", "ops", "trace"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    for mode in ("fwd", "fwd+bwd"):
+        assert f"delta_rule {mode}:" in out
+    assert out.count("=> xla: packed / unpacked") == 2 and "xla one-doc" in out
+    assert "delta_rule xla fwd+bwd: thunk ms per run" in out
+    assert "largest increases:" in out and "packed program, largest thunks" in out
