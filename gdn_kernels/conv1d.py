@@ -9,14 +9,12 @@ recurrence kernels ("decoupled"): it runs after the delta-rule backward,
 from the pre-activation recomputed from ext. Each tap's cotangent is PADDED
 into the extended positions, never read through a slice of ext: XLA:CPU
 emits a sum over (batch, time) of a product with a time-sliced 3-D operand
-as a scalar loop, 4.5x slower than the same sum over a padded operand
-(measured at [2, 4096, 1024] float32: 75 ms against 17 ms for K = 4).
+as a scalar loop, several times slower than the same sum over a padded
+operand (benchmarks/README.md, "Numbers behind the kernels' comments").
 It walks the row in blocks of TIME_BLOCK tokens (at least K-1: the first
 block, then a loop, then the last, shorter block), so each tap's padded
 cotangent is a block-sized temporary
-that stays in cache instead of a fresh [B, K-1+T, C] buffer per tap
-(measured at [2, 4096, 1024], K = 4: 70 ms whole-row, 28-33 ms in blocks of
-64-256 tokens).
+that stays in cache instead of a fresh [B, K-1+T, C] buffer per tap.
 """
 
 from __future__ import annotations
