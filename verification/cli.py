@@ -101,7 +101,7 @@ def _default_target() -> str:
 # ------------------------------------------------------------------ list
 def list_command() -> int:
     from .mutants import MUTANTS
-    from .registry import load_all
+    from .properties import load_all
     props = load_all()
     print(f"properties ({len(props)}):")
     width = max(map(len, props))
@@ -166,7 +166,9 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
     record["path"] = path
     for warning in _restore_environment(record):
         print(f"gdn-verify replay: warning: {warning}", file=sys.stderr)
-    from .registry import PropertyFailure, load_all
+    from . import mesh_worker
+    from .properties import load_all
+    from .registry import PropertyFailure
     from .targets import Target, TargetError
     from .tolerance import format_table
     spec = target or record["target"]
@@ -182,7 +184,7 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
           f"{record.get('interpret_mode', '?')})")
     print(f"case: {record['case']}")
     try:
-        rows = prop.run(resolved, record["case_obj"])
+        rows = mesh_worker.run(prop, resolved, record["case_obj"])
     except PropertyFailure as err:
         print(format_table(err.rows))
         print(f"STILL FAILS: {record['property']}")
@@ -357,7 +359,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import compile_cache
         compile_cache.configure(not args.get("no_compile_cache"))
         from .mutants.runner import main as mutants_main
-        from .reports import parse_shard
+        from .shards import parse_shard
         shard = parse_shard(args["shard"]) if args.get("shard") else None
         return mutants_main(args.get("only"), args.get("report_dir") or ".",
                             args.get("examples"), args.get("jobs") or os.cpu_count() or 1,

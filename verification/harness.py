@@ -25,9 +25,9 @@ from hypothesis.errors import Unsatisfiable
 
 from strategies.cases import MixerCase
 
-from . import known_failures, runners
-from .registry import (Property, PropertyFailure, is_not_checkable, load_all,
-                       not_checkable_row)
+from . import known_failures, mesh_worker, runners
+from .registry import Property, PropertyFailure, is_not_checkable, not_checkable_row
+from .properties import load_all
 from .tolerance import TensorError
 
 MARKER = "gdn_property"
@@ -106,7 +106,7 @@ def check_property(name: str, target, case, record: bool = True,
         return [not_checkable_row(name, reason)]
     c0, s0, t0 = runners.compile_count(), runners.compile_seconds(), time.perf_counter()
     try:
-        rows = prop.run(target, case)
+        rows = mesh_worker.run(prop, target, case)
     except PropertyFailure as err:
         failing = [r for r in err.rows if not r.passed]
         covered = known_failures.covering(OPTIONS.known, name, failing) if record else None

@@ -24,11 +24,11 @@ from typing import Dict, List
 
 from strategies.cases import case_from_json, case_to_json
 
+from . import runners
+from .registry import conclude, not_checkable_row
 from .tolerance import TensorError
 
 _WORKERS: Dict[int, subprocess.Popen] = {}
-# XLA compiles the workers ran for the checks of this process (the summary's count).
-WORKER_COMPILES = {"n": 0, "s": 0.0}
 
 
 class WorkerError(RuntimeError):
@@ -37,6 +37,17 @@ class WorkerError(RuntimeError):
 
 def devices_needed(prop, target) -> int:
     return max(prop.devices, target.devices)
+
+
+def run(prop, target, case) -> List[TensorError]:
+    """Check one case of property `prop` (tiled to a sharded target's mesh,
+    in a mesh worker when this process lacks the devices): the rows, or
+    PropertyFailure when a row fails. A case the target cannot take is one
+    not-checkable row; the target is not called."""
+    reason = prop.not_checkable(target, case)
+    if reason:
+        return [not_checkable_row(prop.id, reason)]
+    return conclude(prop.id, check(prop, target, case))
 
 
 def check(prop, target, case) -> List[TensorError]:
@@ -75,8 +86,7 @@ def _ask(devices: int, request: dict) -> List[TensorError]:
         raise WorkerError(f"the {devices}-device worker exited (code {proc.wait()}) while "
                           f"checking {request['property']} on {request['target']}")
     answer = json.loads(line)
-    WORKER_COMPILES["n"] += answer.get("compiles", 0)
-    WORKER_COMPILES["s"] += answer.get("compile_s", 0.0)
+    runners.count_worker_compiles(answer.get("compiles", 0), answer.get("compile_s", 0.0))
     if "error" in answer:
         raise WorkerError(f"in the {devices}-device worker: {answer['error']}")
     return [TensorError(**row) for row in answer["rows"]]
@@ -94,8 +104,7 @@ def _serve() -> None:
     """Answer requests until stdin closes; nothing but answers goes to stdout."""
     out = sys.stdout
     sys.stdout = sys.stderr
-    from . import runners
-    from .registry import load_all
+    from .properties import load_all
     from .targets import Target
     properties = load_all()
     for line in sys.stdin:

@@ -98,7 +98,7 @@ class Suite:
         except TargetError as err:
             raise pytest.UsageError(str(err)) from None
         os.environ[TARGET_ENV] = self.target.spec      # workers, mesh workers, replays
-        from . import harness, registry
+        from . import harness
         from .profiles import register_profiles, selected_profile
         from hypothesis import settings
         examples = config.getoption("--gdn-examples") or int(
@@ -112,8 +112,9 @@ class Suite:
         known = config.getoption("--gdn-known-failures")
         if known:
             from . import known_failures
+            from .properties import load_all
             try:
-                harness.OPTIONS.known = known_failures.load(known, registry.load_all())
+                harness.OPTIONS.known = known_failures.load(known, load_all())
             except ValueError as err:
                 raise pytest.UsageError(str(err)) from None
         if config.args_source != pytest.Config.ArgsSource.ARGS:
@@ -161,17 +162,17 @@ class Suite:
         return harness.OPTIONS.strict
 
     def pytest_collection_modifyitems(self, config, items):
-        from . import harness, reports
+        from . import harness, shards
         if self.scope == "properties":
             _keep(config, items, [i for i in items if i.get_closest_marker(harness.MARKER)])
         _select_properties(config, items)
         shard = config.getoption("--gdn-shard", default=None)
         if shard:
             try:
-                i, n = reports.parse_shard(shard)
+                i, n = shards.parse_shard(shard)
             except ValueError as err:
                 raise pytest.UsageError(f"--gdn-shard: {err}") from None
-            mine = set(reports.shard_of(sorted(item.nodeid for item in items), (i, n)))
+            mine = set(shards.shard_of(sorted(item.nodeid for item in items), (i, n)))
             _keep(config, items, [item for item in items if item.nodeid in mine])
 
     # ------------------------------------------------------------ running
@@ -271,8 +272,9 @@ def _keep(config, items, keep):
 def selected_ids(option: str):
     """The property ids of a --gdn-properties value (UsageError if unknown)."""
     from . import registry
+    from .properties import load_all
     ids = [i.strip() for i in option.split(",") if i.strip()]
-    every = registry.load_all()
+    every = load_all()
     if ids == ["all"]:
         return list(every)
     if ids == [registry.SHARDED_SUBSET]:
@@ -330,7 +332,7 @@ def progress_line(name: str, st: dict) -> str:
 
 def summary_lines(suite: Suite):
     from . import harness
-    from .reports import projection_line
+    from .shards import projection_line
     lines = []
     head = (f"{'property':<42}{'verdict':>14}{'examples':>9}{'n/c':>5}{'fail':>5}"
             f"{'compiles':>9}{'ex/comp':>8}{'time s':>8}  worst tensor (error/bound)")

@@ -14,6 +14,8 @@ verification.tolerance); it knows nothing of pytest or Hypothesis, so
 pytest tests are generated from this registry (verification/harness.py,
 verification/test_properties.py); the mutation runner, the benchmarks and
 the meta-tests select properties by id, never by a test-function name.
+`verification.properties.load_all()` registers every family; a check runs
+through `verification.mesh_worker.run` (in this process or a mesh worker).
 """
 
 from __future__ import annotations
@@ -87,17 +89,6 @@ class Property:
         return target.not_checkable(self.needs + (self.case_needs(case) if case is not None
                                                   else ()))
 
-    def run(self, target, case) -> List[TensorError]:
-        """Check one case (tiled to a sharded target's mesh, in a mesh worker
-        when this process lacks the devices): the rows, or PropertyFailure
-        when a row fails. A case the target cannot take is one not-checkable
-        row; the target is not called."""
-        from . import mesh_worker
-        reason = self.not_checkable(target, case)
-        if reason:
-            return [not_checkable_row(self.id, reason)]
-        return conclude(self.id, mesh_worker.check(self, target, case))
-
 
 def not_checkable_row(name: str, reason: str) -> TensorError:
     """The row of a check that could not be made: never a pass (harness)."""
@@ -156,8 +147,3 @@ def conclude(prop_id: str, rows: List[TensorError], message: str = "") -> List[T
         raise PropertyFailure(prop_id, rows, message)
     return rows
 
-
-def load_all() -> Dict[str, Property]:
-    """Import every family module (which registers its properties)."""
-    from . import properties  # noqa: F401
-    return PROPERTIES

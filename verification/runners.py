@@ -61,19 +61,28 @@ def cache_hit_count() -> int:
     return _compiles["hits"]
 
 
+# What the mesh workers (verification/mesh_worker.py) built for this
+# process's checks, as they report it.
+_worker_compiles = {"n": 0, "s": 0.0}
+
+
+def count_worker_compiles(n: int, seconds: float) -> None:
+    """Add what a mesh worker reports it built for one of our checks."""
+    with _lock:
+        _worker_compiles["n"] += n
+        _worker_compiles["s"] += seconds
+
+
 def compile_count() -> int:
     """Programs built so far for this process's checks (XLA compiles and
-    persistent-cache reads): its own and those its mesh workers ran
-    (verification/mesh_worker.py)."""
-    from .mesh_worker import WORKER_COMPILES
-    return _compiles["n"] + WORKER_COMPILES["n"]
+    persistent-cache reads): its own and those its mesh workers ran."""
+    return _compiles["n"] + _worker_compiles["n"]
 
 
 def compile_seconds() -> float:
     """Seconds spent tracing, lowering and compiling so far, this process's
     and its mesh workers'."""
-    from .mesh_worker import WORKER_COMPILES
-    return _compiles["s"] + WORKER_COMPILES["s"]
+    return _compiles["s"] + _worker_compiles["s"]
 
 
 # -------------------------------------------------------------- memory maps

@@ -98,27 +98,6 @@ def test_gdn_verify_bench_exits_with_the_harness_status(capfd):
     assert "--repeats and --packed-repeats must be >= 1" in capfd.readouterr().err
 
 
-def test_suite_modules_do_not_import_the_harness():
-    """benchmarks depends on verification, not the reverse: no module of
-    verification/ but its tests imports benchmarks."""
-    import ast
-    importers = []
-    for root, _, files in os.walk(os.path.join(REPO, "verification")):
-        for name in files:
-            if not name.endswith(".py") or name.startswith("test_"):
-                continue
-            path = os.path.join(root, name)
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-            for node in ast.walk(tree):
-                modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                           else [node.module or ""] if isinstance(node, ast.ImportFrom)
-                           else [])
-                if any(m == "benchmarks" or m.startswith("benchmarks.") for m in modules):
-                    importers.append(os.path.relpath(path, REPO))
-    assert not importers, importers
-
-
 def test_packed_layout_is_realistic():
     import numpy as np
 

@@ -13,7 +13,8 @@ import pytest
 from . import counterexamples
 from .cli import _suite_args, main, parse
 from .mutants import MUTANTS
-from .registry import PROPERTIES, load_all
+from .registry import PROPERTIES
+from .properties import load_all
 
 load_all()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -24,7 +24,8 @@ from verification.foreign_targets import float32_only_scan as scan
 
 from . import harness
 from .declaration import declaration_of, unmet
-from .registry import PROPERTIES, is_not_checkable, load_all
+from .registry import PROPERTIES, is_not_checkable
+from .properties import load_all
 from .targets import Target, TargetError
 
 load_all()

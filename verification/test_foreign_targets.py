@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from . import harness
-from .registry import PROPERTIES, load_all
+from .registry import PROPERTIES
+from .properties import load_all
 from .targets import Target
 
 load_all()

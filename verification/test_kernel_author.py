@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from .registry import load_all
+from .properties import load_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "verification", "author_fixture", "my_kernels.py")

@@ -10,10 +10,11 @@ passes on the correct target)."""
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
-from . import counterexamples, harness
+from . import counterexamples, harness, mesh_worker
 from .cli import replay
 from .mutants import MUTANTS, PatchError, apply_patch, changed_functions, mutated_source
-from .registry import FAMILIES, PROPERTIES, PropertyFailure, load_all
+from .registry import FAMILIES, PROPERTIES, PropertyFailure
+from .properties import load_all
 from .targets import Target
 
 load_all()
@@ -90,7 +91,7 @@ def test_counterexample_file_replays_to_the_same_failure(prop_id, wrong, tmp_pat
     assert replay(path, "gdn_kernels:xla") == 0         # and holds on the real one
     assert replay(path, None, module="gdn_kernels") == 0  # the same impl, unmutated
     with pytest.raises(Exception) as again:   # the same failure, rerun directly
-        PROPERTIES[prop_id].run(target, record["case_obj"])
+        mesh_worker.run(PROPERTIES[prop_id], target, record["case_obj"])
     if rows:
         assert isinstance(again.value, PropertyFailure)
 

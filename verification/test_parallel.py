@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from verification import reports
+from verification import reports, shards
 from verification.mutants import MUTANTS
 
 WRONG = "verification.wrong_targets.nondeterministic"
@@ -110,22 +110,22 @@ def test_bad_shard_option_is_a_usage_error(tmp_path):
 @pytest.mark.parametrize("text", ["0/3", "4/3", "3", "a/b", "1/0", ""])
 def test_parse_shard_rejects_what_is_not_i_of_n(text):
     with pytest.raises(ValueError, match="shard"):
-        reports.parse_shard(text)
+        shards.parse_shard(text)
 
 
 def test_shards_of_a_list_partition_it_in_order():
     items = list(range(10))
-    parts = [reports.shard_of(items, (i, 3)) for i in (1, 2, 3)]
+    parts = [shards.shard_of(items, (i, 3)) for i in (1, 2, 3)]
     assert sorted(sum(parts, [])) == items and parts[0] == [0, 3, 6, 9]
-    assert reports.shard_of(items, None) == items
+    assert shards.shard_of(items, None) == items
 
 
 def test_projected_wall_is_longest_first_onto_the_least_loaded_core():
     jobs = [4.0, 3.0, 3.0, 2.0, 2.0]
-    assert reports.projected_wall(jobs, 1) == sum(jobs)
-    assert reports.projected_wall(jobs, 2) == 8.0          # 4+2+2 | 3+3: LPT, not the optimum 7
-    assert reports.projected_wall(jobs, 16) == max(jobs)
-    assert "4 cores" in reports.projection_line(jobs, "x")
+    assert shards.projected_wall(jobs, 1) == sum(jobs)
+    assert shards.projected_wall(jobs, 2) == 8.0          # 4+2+2 | 3+3: LPT, not the optimum 7
+    assert shards.projected_wall(jobs, 16) == max(jobs)
+    assert "4 cores" in shards.projection_line(jobs, "x")
 
 
 def _mutant_record(name, impl, killed):

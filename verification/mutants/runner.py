@@ -45,8 +45,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
-from ..registry import load_all, select
-from ..reports import shard_of
+from ..properties import load_all
+from ..registry import select
+from ..shards import shard_of
 from . import MUTANTS, PREFIX, PatchError, materialize, mutant_root
 
 SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -247,7 +248,7 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
     baseline = replay_killing_examples(results, jobs)
     print(baseline_line(baseline), flush=True)
     verdict = kill_summary(results, baseline["passed"], time.perf_counter() - t0)
-    from ..reports import projection_line
+    from ..shards import projection_line
     projection = projection_line(baseline.pop("test_seconds") + [r["wall_s"] for r in results],
                                  "mutation-run")
     summary = verdict["summary"]

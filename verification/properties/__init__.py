@@ -17,8 +17,15 @@ registers them all in verification.registry.PROPERTIES.
                      (an adapter's casts are convention deviations)
 """
 
+from typing import Dict
+
 # Import order is test order: parity first.
 from . import parity, eps, reduced_gradients, metamorphic, packing, state, sharding, stability, bad_input, conventions  # noqa: F401,I001,E501
-from ..registry import PROPERTIES, PropertyFailure
+from ..registry import PROPERTIES, Property, PropertyFailure
 
-__all__ = ["PROPERTIES", "PropertyFailure"]
+__all__ = ["PROPERTIES", "PropertyFailure", "load_all"]
+
+
+def load_all() -> Dict[str, Property]:
+    """Every registered property (importing this package registered them)."""
+    return PROPERTIES
