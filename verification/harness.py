@@ -42,7 +42,6 @@ class RunOptions:
     known: Tuple[known_failures.KnownFailure, ...] = ()
 
 
-OPTIONS = RunOptions()
 
 
 @dataclasses.dataclass
@@ -73,9 +72,36 @@ class PropertyStats:
         return bool(self.not_checkable) and not self.checked
 
 
-STATS: Dict[str, PropertyStats] = {}
-LAST_FAILURE: Dict[str, tuple] = {}
-KNOWN_HITS: Dict[str, set] = {}   # property id -> labels of known failures that failed
+@dataclasses.dataclass
+class Session:
+    """One run's state, owned by the plugin (one per pytest session):
+    how verdicts are reached, and what the properties' tests found.
+
+    options:      strict / known failures (RunOptions)
+    stats:        property id -> PropertyStats (the summary's rows)
+    last_failure: property id -> (case, target, rows) of its latest failing
+                  example (after shrinking: the minimal one), for the
+                  counterexample file
+    known_hits:   property id -> labels of the known failures that failed
+    """
+    options: RunOptions = dataclasses.field(default_factory=RunOptions)
+    stats: Dict[str, PropertyStats] = dataclasses.field(default_factory=dict)
+    last_failure: Dict[str, tuple] = dataclasses.field(default_factory=dict)
+    known_hits: Dict[str, set] = dataclasses.field(default_factory=dict)
+
+
+_CURRENT = [Session()]
+
+
+def session() -> Session:
+    """The session the checks of this process record into."""
+    return _CURRENT[0]
+
+
+def begin_session(new: Session) -> Session:
+    """Make `new` the current session (the plugin, at configure time)."""
+    _CURRENT[0] = new
+    return new
 
 
 def _add_reason(stats: PropertyStats, reason: str) -> None:
@@ -94,7 +120,7 @@ def check_property(name: str, target, case, record: bool = True,
     rejected, Hypothesis drawing another; else it is one not-checkable row.
     stats: where an unrecorded run counts (default: a throwaway)."""
     if record:
-        stats = STATS.setdefault(name, PropertyStats())
+        stats = session().stats.setdefault(name, PropertyStats())
     elif stats is None:
         stats = PropertyStats()
     prop = load_all()[name]
@@ -109,20 +135,20 @@ def check_property(name: str, target, case, record: bool = True,
         rows = mesh_worker.run(prop, target, case)
     except PropertyFailure as err:
         failing = [r for r in err.rows if not r.passed]
-        covered = known_failures.covering(OPTIONS.known, name, failing) if record else None
+        covered = known_failures.covering(session().options.known, name, failing) if record else None
         _update_worst(stats, err.rows)
         if covered:
             stats.known_failures += 1
-            KNOWN_HITS.setdefault(name, set()).update(e.label for e in covered)
+            session().known_hits.setdefault(name, set()).update(e.label for e in covered)
             return err.rows
         stats.failures += 1
         stats.first_failure_at = stats.first_failure_at or stats.examples + 1
-        LAST_FAILURE[name] = (case, target, err.rows)
+        session().last_failure[name] = (case, target, err.rows)
         raise
     except Exception:
         stats.failures += 1
         stats.first_failure_at = stats.first_failure_at or stats.examples + 1
-        LAST_FAILURE[name] = (case, target, [])
+        session().last_failure[name] = (case, target, [])
         raise
     finally:
         runners.release_executables_if_needed()
@@ -163,23 +189,24 @@ def conclude_test(p: Property, stats: PropertyStats) -> None:
     """The pytest outcome of a property's test once its examples ran without
     an unknown failure: skip (not checkable), fail (--gdn-strict with any
     example not checkable; a stale known failure), xfail, or pass."""
-    listed = {e.label for e in OPTIONS.known if e.property == p.id}
-    stale = sorted(listed - KNOWN_HITS.get(p.id, set()))
+    run = session()
+    listed = {e.label for e in run.options.known if e.property == p.id}
+    stale = sorted(listed - run.known_hits.get(p.id, set()))
     if stale:
         stats.verdict = XPASS
         pytest.fail(f"[XPASS(strict)] {p.id}: known failure(s) {stale} did not fail in "
                     f"{stats.examples} example(s): remove them from the known-failures file",
                     pytrace=False)
-    if stats.not_checkable and (OPTIONS.strict or stats.nothing_checked):
+    if stats.not_checkable and (run.options.strict or stats.nothing_checked):
         stats.verdict = NOT_CHECKABLE
         message = f"{NOT_CHECKABLE}: {reasons_text(stats)}"
-        if OPTIONS.strict:
+        if run.options.strict:
             pytest.fail(f"--gdn-strict: {p.id}: {message}", pytrace=False)
         if not stats.known_failures:
             pytest.skip(message)
     if stats.known_failures:
         stats.verdict = XFAIL
-        pytest.xfail(f"known failure(s) {sorted(KNOWN_HITS[p.id])}: "
+        pytest.xfail(f"known failure(s) {sorted(run.known_hits[p.id])}: "
                      f"{stats.known_failures} example(s)")
     stats.verdict = HELD
 
@@ -205,7 +232,7 @@ def hypothesis_test(p: Property):
     given_test = examples(p.weight)(given_test)
 
     def property_test(gdn_target):
-        stats = STATS.setdefault(p.id, PropertyStats())
+        stats = session().stats.setdefault(p.id, PropertyStats())
         reason = p.not_checkable(gdn_target)
         if reason:
             _add_reason(stats, reason)
@@ -252,14 +279,14 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
                    "mixer_examples": st.mixer_examples,
                    "reasons": dict(st.reasons),
                    "worst": [dataclasses.asdict(r) for r in st.worst.values()]}
-            for name, st in (STATS if stats is None else stats).items()}
+            for name, st in (session().stats if stats is None else stats).items()}
 
 
 def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = None) -> None:
     """Add one process's stats_json() into `into` (default: this process's
-    STATS); a property whose examples ran in several processes sums its
+    session's stats); a property whose examples ran in several processes sums its
     counts and keeps the worst rows (and the worse verdict)."""
-    into = STATS if into is None else into
+    into = session().stats if into is None else into
     order = ("", HELD, NOT_CHECKABLE, XFAIL, XPASS, FAILED)
     for name, d in stats.items():
         st = into.setdefault(name, PropertyStats())

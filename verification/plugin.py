@@ -108,15 +108,17 @@ class Suite:
         self.config = config
         self.scope = config.getoption("--gdn-scope") or (
             "all" if self.target.is_ours else "properties")
-        harness.OPTIONS.strict = bool(config.getoption("--gdn-strict"))
+        options = harness.RunOptions(strict=bool(config.getoption("--gdn-strict")))
         known = config.getoption("--gdn-known-failures")
         if known:
             from . import known_failures
             from .properties import load_all
             try:
-                harness.OPTIONS.known = known_failures.load(known, load_all())
+                options.known = known_failures.load(known, load_all())
             except ValueError as err:
                 raise pytest.UsageError(str(err)) from None
+        # this run's state: options, per-property statistics, failures
+        self.session = harness.begin_session(harness.Session(options))
         if config.args_source != pytest.Config.ArgsSource.ARGS:
             config.args[:] = [SUITE_DIR if self.scope == "all" else PROPERTY_TESTS]
         self.start, self.compiles0 = time.perf_counter(), self._compiles()
@@ -158,8 +160,7 @@ class Suite:
                     for line in self.target.declaration.conventions]
 
     def _strict(self) -> bool:
-        from . import harness
-        return harness.OPTIONS.strict
+        return self.session.options.strict
 
     def pytest_collection_modifyitems(self, config, items):
         from . import harness, shards
@@ -177,8 +178,7 @@ class Suite:
 
     # ------------------------------------------------------------ running
     def pytest_runtest_setup(self, item):
-        from . import harness
-        harness.LAST_FAILURE.clear()
+        self.session.last_failure.clear()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -188,23 +188,23 @@ class Suite:
         if report.when != "call":
             return
         mark = item.get_closest_marker(harness.MARKER)
-        if mark is not None and mark.args[0] in harness.STATS:
-            one = harness.stats_json({mark.args[0]: harness.STATS[mark.args[0]]})
+        if mark is not None and mark.args[0] in self.session.stats:
+            one = harness.stats_json({mark.args[0]: self.session.stats[mark.args[0]]})
             report.user_properties.append((STATS_KEY, json.dumps(one)))
         if report.failed:
             self._write_counterexamples(report)
 
     def _write_counterexamples(self, report) -> None:
-        from . import counterexamples, harness
+        from . import counterexamples
         from .tolerance import format_table
-        for prop, (case, target, rows) in list(harness.LAST_FAILURE.items()):
+        for prop, (case, target, rows) in list(self.session.last_failure.items()):
             table = format_table(rows) if rows else "(no error table: the check raised)"
             path = counterexamples.write(prop, case, target.spec, self.profile_name(), rows,
                                          table)
             report.sections.append(("gdn-verify counterexample",
                                     f"shrunk case written to {path}\nreplay: "
                                     f"{counterexamples.replay_command(path)}\n{table}"))
-        harness.LAST_FAILURE.clear()
+        self.session.last_failure.clear()
 
     def pytest_runtest_logreport(self, report):
         from . import harness
@@ -252,8 +252,7 @@ class Suite:
         return self._compiles() - self.compiles0 + self.worker_compiles
 
     def pytest_terminal_summary(self, terminalreporter):
-        from . import harness
-        if not harness.STATS:
+        if not self.session.stats:
             return
         terminalreporter.section("gdn-verify summary")
         for line in summary_lines(self):
@@ -338,8 +337,8 @@ def summary_lines(suite: Suite):
             f"{'compiles':>9}{'ex/comp':>8}{'time s':>8}  worst tensor (error/bound)")
     lines.append(head)
     lines.append("-" * (len(head) + 10))
-    for name in sorted(harness.STATS):
-        st = harness.STATS[name]
+    for name in sorted(suite.session.stats):
+        st = suite.session.stats[name]
         worst = _worst_row(st)
         w = _worst_text(worst) if worst else "-"
         if st.reasons:
@@ -351,7 +350,7 @@ def summary_lines(suite: Suite):
         lines.append(f"{name:<42}{st.verdict or '-':>14}{st.examples:>9}{st.not_checkable:>5}"
                      f"{st.failures:>5}{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
     lines.append(projection_line(list(suite.test_seconds.values()), "test-session"))
-    lines += verdict_lines(suite, harness.STATS)
+    lines += verdict_lines(suite, suite.session.stats)
     return lines
 
 

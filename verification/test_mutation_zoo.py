@@ -33,7 +33,7 @@ def _hunt(prop_id: str, target: Target, shrink: bool):
     def hunt(case):
         harness.check_property(prop_id, target, case, record=False)
 
-    harness.LAST_FAILURE.clear()
+    harness.session().last_failure.clear()
     with pytest.raises(Exception) as info:
         hunt()
     return info.value
@@ -53,7 +53,7 @@ def test_registry_is_complete():
 @pytest.mark.parametrize("prop_id", sorted(PROPERTIES))
 def test_property_fails_on_its_wrong_target(prop_id):
     err = _hunt(prop_id, Target.parse(PROPERTIES[prop_id].wrong_target), shrink=False)
-    assert prop_id in harness.LAST_FAILURE, f"{prop_id} did not record a failing case: {err!r}"
+    assert prop_id in harness.session().last_failure, f"{prop_id} did not record a failing case: {err!r}"
 
 
 @pytest.mark.parametrize("prop_id", sorted(PROPERTIES))
@@ -81,7 +81,7 @@ ROUND_TRIPS = [
 def test_counterexample_file_replays_to_the_same_failure(prop_id, wrong, tmp_path, capsys):
     target = Target.parse(wrong)
     _hunt(prop_id, target, shrink=True)
-    case, failing_target, rows = harness.LAST_FAILURE[prop_id]
+    case, failing_target, rows = harness.session().last_failure[prop_id]
     path = counterexamples.write(prop_id, case, failing_target.spec, "test", rows,
                                  "", folder=str(tmp_path))
     record = counterexamples.load(path)
