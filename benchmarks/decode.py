@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gdn_kernels.backends import CHUNKED
 import gdn_kernels
 from gdn_kernels.l2norm import DEFAULT_EPS
 
@@ -64,7 +65,7 @@ from . import timing, workloads
 from .workloads import Size
 
 TARGET = 1.2                 # xla / plain per-token decode time, every B
-DECODE_IMPLS = ("xla", "pallas")
+DECODE_IMPLS = CHUNKED      # the chunked impls (gdn_kernels.backends)
 BASELINE = "plain"
 DEFAULT_STEPS = 32           # tokens per timed run
 DEFAULT_COUNT_STEPS = 256    # tokens of the untimed compile-count loop

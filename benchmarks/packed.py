@@ -34,10 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gdn_kernels.backends import CHUNKED
+
 from . import timing, workloads
 from .workloads import Size
 
-IMPLS = ("xla", "pallas")
+IMPLS = CHUNKED      # the chunked impls (gdn_kernels.backends)
 VARIANTS = ("unpacked", "packed")
 MODE = "fwd+bwd"
 DEFAULT_REPEATS = 9

@@ -42,13 +42,16 @@ import gdn_kernels
 from gdn_kernels import mixer as mixer_mod
 from gdn_kernels import xla_impl
 from gdn_kernels.chunk_math import accumulation_dtype
+from gdn_kernels.backends import BACKENDS
 from gdn_kernels.l2norm import DEFAULT_EPS
 from strategies import shapes
 
 from .plain_chunked import chunked_gated_delta_rule
 
 OPS = ("delta_rule", "mixer")
-IMPLS = ("reference", "xla", "xla-autodiff", "pallas", "plain-chunked")
+# the public API's impls (gdn_kernels.backends.BACKENDS) and two baselines
+BASELINES = ("xla-autodiff", "plain-chunked")
+IMPLS = tuple(BACKENDS) + BASELINES
 MODES = ("fwd", "fwd+bwd")
 CONV_WIDTH = 4
 
@@ -269,7 +272,7 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int,
     f(*primals, segment_ids) with segment_ids used only when packed."""
     s = size
     if packed is not None:
-        if impl not in ("reference", "xla", "pallas"):
+        if impl not in BACKENDS:
             raise ValueError(f"impl {impl!r} takes no segment_ids (public API impls only)")
         if op == "delta_rule":
             def fwd_ids(q, k, v, g, beta, ids):
@@ -286,7 +289,7 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int,
             raise ValueError(f"unknown op {op!r}")
         return fwd_ids
     if op == "delta_rule":
-        if impl in ("reference", "xla", "pallas"):
+        if impl in BACKENDS:
             def fwd(q, k, v, g, beta):
                 return gdn_kernels.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk,
                                                     impl=impl)
@@ -308,7 +311,7 @@ def _forward_fn(op: str, impl: str, size: Size, chunk: int,
     if op == "mixer":
         heads = dict(num_k_heads=s.Hk, num_v_heads=s.Hv, head_k_dim=s.Dk,
                      head_v_dim=s.Dv)
-        if impl in ("reference", "xla", "pallas"):
+        if impl in BACKENDS:
             def fwd(x, w, a, b, a_log, dt_bias):
                 return gdn_kernels.gdn_decoupled_conv1d(x, w, a, b, a_log, dt_bias,
                                                         chunk_size=chunk, impl=impl,
