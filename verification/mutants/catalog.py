@@ -382,6 +382,15 @@ _ALL += [
            "        conv = permute(new_state.conv, inverse, rows, P())",
            ("sharded_code_communicates_only_as_allowed",), impls=("xla",),
            function="_sharded_mixer.run"),
+    Mutant("sharded_gradient_over_unused_axis",
+           "a shared parameter's gradient, once summed over the batch axis, is also "
+           "averaged over the head axis: right values on a batch-only mesh, but an "
+           "all-reduce along an axis that splits nothing",
+           "sharded.py",
+           "        return (jax.lax.psum(dp, axis),)",
+           "        return (jax.lax.pmean(jax.lax.psum(dp, axis), (axis, \"model\")),)",
+           ("sharded_code_communicates_only_as_allowed",), impls=("xla",),
+           function="_shared_by_batch_shards.bwd"),
 ]
 
 MUTANTS: Dict[str, Mutant] = {m.name: m for m in _ALL}
