@@ -4,6 +4,7 @@ switch. Jitted callables are cached per static configuration."""
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 
@@ -58,12 +59,22 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     padding) or None. Returns (o [B, T, Hv, Dv] in v's dtype, final_state
     [B, Hv, Dk, Dv] float32).
     """
+    cfg, initial_state = prepared_delta_rule(q, k, v, g, beta, scale, initial_state,
+                                             chunk_size, impl, segment_ids)
+    return jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state, segment_ids)
+
+
+def prepared_delta_rule(q, k, v, g, beta, scale, initial_state, chunk_size, impl,
+                        segment_ids):
+    """A gated_delta_rule call validated (ValueError/TypeError naming the
+    argument), as (its static config, the initial state: zeros for None);
+    the one preparation of the op and of its sharded version."""
     validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
                                          chunk_size, impl, segment_ids=segment_ids)
     cfg = delta_rule_config(q, scale, chunk_size, impl)
     if initial_state is None:
         initial_state = zero_initial_state(q, v)
-    return jitted_delta_rule(cfg)(q, k, v, g, beta, initial_state, segment_ids)
+    return cfg, initial_state
 
 
 def delta_rule_config(q, scale, chunk_size, impl) -> DeltaRuleConfig:
@@ -90,10 +101,9 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
     None (zeros). Returns o [B, T, Hv, Dv] in x's dtype, or (o, GDNState)
     with return_state=True. A call with T <= 4 (decode) runs token by token.
     """
-    validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads,
-                              num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
-                              scale, chunk_size, impl, segment_ids=segment_ids,
-                              state=state, return_state=return_state)
+    validated_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
+                    head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size, impl,
+                    segment_ids, state, return_state)
     cfg = mixer_config(num_k_heads, num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
                        scale, chunk_size, impl)
     if state is not None:
@@ -101,6 +111,26 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
     o, new_state = jitted_mixer(cfg)(x, conv_weight, a, b, a_log, dt_bias, segment_ids,
                                      state)
     return (o, new_state) if return_state else o
+
+
+def validated_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
+                    head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size, impl,
+                    segment_ids, state, return_state) -> None:
+    """ValueError/TypeError naming the argument of a gdn_decoupled_conv1d call
+    that breaks the contract: the one validation of the op and of its
+    sharded version."""
+    validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads,
+                              num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
+                              scale, chunk_size, impl, segment_ids=segment_ids,
+                              state=state, return_state=return_state)
+
+
+def call_arguments(public, args, kwargs) -> dict:
+    """The arguments of a call by name, as the public op `public` binds them
+    (its defaults applied; TypeError for a call it would refuse)."""
+    bound = inspect.signature(public).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
 
 
 def zero_mixer_state(x, conv_weight, num_v_heads, head_k_dim, head_v_dim) -> GDNState:

@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import api, validation
+from . import api
 from .state import GDNState
 
 
@@ -92,28 +92,29 @@ class ShardedOps:
             raise ValueError(f"{argument}: {what} {size} is not divisible by mesh axis "
                              f"{axis!r} of size {shards}")
 
-    def gated_delta_rule(self, q, k, v, g, beta, *, scale=None, initial_state=None,
-                         chunk_size=64, impl="pallas", segment_ids=None):
-        """docs/contract.md section 1 (and 6), per shard of the mesh."""
-        validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
-                                             chunk_size, impl, segment_ids=segment_ids)
+    def gated_delta_rule(self, *args, **kwargs):
+        """docs/contract.md section 1 (and 6), per shard of the mesh: the
+        signature and validation of gdn_kernels.gated_delta_rule."""
+        a = api.call_arguments(api.gated_delta_rule, args, kwargs)
+        q, k, v, g, beta, segment_ids = (a[n] for n in ("q", "k", "v", "g", "beta",
+                                                        "segment_ids"))
+        cfg, initial_state = api.prepared_delta_rule(**a)
         self._check_divides("q", "batch size", q.shape[0], self.batch_axis)
         self._check_divides("k", "number of key heads", k.shape[2], self.head_axis)
-        cfg = api.delta_rule_config(q, scale, chunk_size, impl)
-        if initial_state is None:
-            initial_state = api.zero_initial_state(q, v)
         fn = _sharded_delta_rule(self, cfg, segment_ids is not None)
         return fn(q, k, v, g, beta, initial_state, segment_ids)
 
-    def gdn_decoupled_conv1d(self, x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
-                             num_v_heads, head_k_dim, head_v_dim, use_qk_norm=True,
-                             eps=api.DEFAULT_EPS, scale=None, chunk_size=64, impl="pallas",
-                             segment_ids=None, state=None, return_state=False):
-        """docs/contract.md section 2 (and 6, 7), per shard of the mesh."""
-        validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads,
-                                  num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
-                                  scale, chunk_size, impl, segment_ids=segment_ids,
-                                  state=state, return_state=return_state)
+    def gdn_decoupled_conv1d(self, *args, **kwargs):
+        """docs/contract.md section 2 (and 6, 7), per shard of the mesh: the
+        signature and validation of gdn_kernels.gdn_decoupled_conv1d."""
+        call = api.call_arguments(api.gdn_decoupled_conv1d, args, kwargs)
+        api.validated_mixer(**call)
+        return self._mixer(**call)
+
+    def _mixer(self, x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, num_v_heads,
+               head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size, impl,
+               segment_ids, state, return_state):
+        """The validated mixer call over the mesh."""
         self._check_divides("x", "batch size", x.shape[0], self.batch_axis)
         self._check_divides("num_k_heads", "number of key heads", num_k_heads,
                             self.head_axis)

@@ -361,9 +361,8 @@ _ALL += [
            "the sharded core op starts every shard from zeros, ignoring the caller's "
            "initial state",
            "sharded.py",
-           "        if initial_state is None:\n"
-           "            initial_state = api.zero_initial_state(q, v)\n",
-           "        initial_state = api.zero_initial_state(q, v)\n",
+           "        return fn(q, k, v, g, beta, initial_state, segment_ids)",
+           "        return fn(q, k, v, g, beta, api.zero_initial_state(q, v), segment_ids)",
            ("sharded_delta_rule_equals_one_device",), impls=("xla",),
            function="ShardedOps.gated_delta_rule"),
     Mutant("sharded_divisibility_unchecked",
