@@ -1,11 +1,11 @@
-"""Moving between the contract layout [B, T, H, D] and the chunk layout of
-one super-block, [S, B, H, C, D] (S chunks of C tokens; T padded with
-identity steps to NB super-blocks)."""
+"""The contract layout [B, T, H, D] as every backend pads and groups it:
+time padded with identity steps to whole chunks, per-token document
+scalars, key heads repeated to value heads and their cotangents summed
+back. (The XLA twin's super-block layout is xla_layout.)"""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 
 def num_chunks(t: int, chunk: int) -> int:
@@ -42,35 +42,6 @@ def segment_scalars(seg, heads: int, chunk: int, dtype):
     shape = doc.shape + (heads,)
     return (jnp.broadcast_to(doc[..., None], shape).astype(dtype),
             jnp.broadcast_to(start[..., None], shape).astype(dtype))
-
-
-def blocks_of(t: int, chunk: int, per_block: int):
-    """(NB, S): super-blocks and chunks per block for T tokens, S =
-    min(per_block, N) so a short row is one block with no padded chunk."""
-    s = max(1, min(per_block, num_chunks(t, chunk)))
-    return num_chunks(t, chunk * s), s
-
-
-def block_at(x, i, chunk: int, per_block: int, dtype, group: int = 1):
-    """Super-block i of x [B, Tp, H, D] (Tp a multiple of C S) in the chunk
-    layout [S, B, H*G, C, D], in dtype, heads repeated G = group times
-    (repeat_heads). Sliced and transposed one block at a time, so the copy
-    stays in cache."""
-    span = chunk * per_block
-    piece = repeat_heads(lax.dynamic_slice_in_dim(x, i * span, span, axis=1), group)
-    b, _, h, d = piece.shape
-    return piece.astype(dtype).reshape(b, per_block, chunk, h, d).transpose(1, 0, 3, 2, 4)
-
-
-def scalars_block_at(x, i, chunk: int, per_block: int, dtype):
-    """Per-token scalars [B, Tp, H] -> super-block i as columns [S, B, H, C, 1]."""
-    return block_at(x[..., None], i, chunk, per_block, dtype)
-
-
-def block_to_rows(x):
-    """One super-block [S, B, H, C, D] -> its tokens [B, S C, H, D]."""
-    s, b, h, c, d = x.shape
-    return x.transpose(1, 0, 3, 2, 4).reshape(b, s * c, h, d)
 
 
 def repeat_heads(x, group: int, axis: int = 2):

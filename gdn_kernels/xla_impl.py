@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import chunk_math as cm
-from . import layout
+from . import layout, xla_layout
 from .manual_axes import varying_like
 
 # Chunks per step of the scans over chunks: small enough that a step's
@@ -116,7 +116,7 @@ def pad_inputs(q, k, v, g, beta, seg, chunk) -> Padded:
     """Padded inputs for the scans over super-blocks; seg:
     segments.Segments of packed documents, or None."""
     acc = cm.accumulation_dtype(v.dtype)
-    _, per_block = layout.blocks_of(q.shape[1], chunk, SUPER_BLOCK)
+    _, per_block = xla_layout.blocks_of(q.shape[1], chunk, SUPER_BLOCK)
     span = chunk * per_block
     doc = start = None
     if seg is not None:
@@ -130,14 +130,14 @@ def block_inputs(x: Padded, i) -> Blocks:
     shape = (x.chunk, x.per_block, x.acc)
 
     def scalars(y):
-        return layout.scalars_block_at(y, i, *shape)
+        return xla_layout.scalars_block_at(y, i, *shape)
 
     seg = None
     if x.doc is not None:
         seg = cm.ChunkSegments(doc=scalars(x.doc), start=scalars(x.start))
-    return Blocks(layout.block_at(x.q, i, *shape, x.group),
-                  layout.block_at(x.k, i, *shape, x.group),
-                  layout.block_at(x.v, i, *shape), scalars(x.g), scalars(x.beta), seg)
+    return Blocks(xla_layout.block_at(x.q, i, *shape, x.group),
+                  xla_layout.block_at(x.k, i, *shape, x.group),
+                  xla_layout.block_at(x.v, i, *shape), scalars(x.g), scalars(x.beta), seg)
 
 
 def _block_indices(x: Padded):
@@ -193,7 +193,7 @@ def forward(q, k, v, g, beta, s0, scale, settings, seg=None):
     def step(carry, i):
         s, o = carry
         s_end, (o_block, res) = block_forward(s, block_inputs(x, i), scale)
-        return (s_end, x.write_rows(o, layout.block_to_rows(o_block), i)), res
+        return (s_end, x.write_rows(o, xla_layout.block_to_rows(o_block), i)), res
 
     o = x.zeros_like_rows(v, v.shape[3], s0)
     (s_final, o), chunks = lax.scan(step, (s0, o), _block_indices(x))
@@ -240,9 +240,9 @@ def grads_to_rows(grads: cm.ChunkGrads, group: int) -> cm.ChunkGrads:
     """One block's ChunkGrads [S, B, Hv, C, *] -> its tokens [B, S C, H, D]
     (dg, dbeta [B, S C, Hv, 1]); dq, dk summed over each key head's value
     heads."""
-    dq = layout.sum_head_groups(layout.block_to_rows(grads.dq), group)
-    dk = layout.sum_head_groups(layout.block_to_rows(grads.dk), group)
-    return cm.ChunkGrads(dq, dk, *(layout.block_to_rows(d) for d in grads[2:]))
+    dq = layout.sum_head_groups(xla_layout.block_to_rows(grads.dq), group)
+    dk = layout.sum_head_groups(xla_layout.block_to_rows(grads.dk), group)
+    return cm.ChunkGrads(dq, dk, *(xla_layout.block_to_rows(d) for d in grads[2:]))
 
 
 def backward(q, k, v, g, beta, res: ChunkResiduals, do, ds_final, scale, settings, seg=None):
@@ -259,7 +259,7 @@ def backward(q, k, v, g, beta, res: ChunkResiduals, do, ds_final, scale, setting
     def step(carry, xs):
         ds, grads = carry
         i, res_i = xs
-        do_i = layout.block_at(do, i, x.chunk, x.per_block, x.acc)
+        do_i = xla_layout.block_at(do, i, x.chunk, x.per_block, x.acc)
         ds0, block_grads = block_backward(ds, block_inputs(x, i), res_i, do_i, scale)
         rows = grads_to_rows(block_grads, x.group)
         return (ds0, cm.ChunkGrads(*(x.write_rows(d, r, i) for d, r in zip(grads, rows)))), None

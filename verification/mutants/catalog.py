@@ -94,10 +94,10 @@ _ALL = [
     Mutant("gva_dq_dk_not_summed",
            "dq/dk of a key head taken from its first value head instead of summed over the G heads",
            "xla_impl.py",
-           "    dq = layout.sum_head_groups(layout.block_to_rows(grads.dq), group)\n"
-           "    dk = layout.sum_head_groups(layout.block_to_rows(grads.dk), group)",
-           "    dq = layout.block_to_rows(grads.dq)[:, :, ::group]\n"
-           "    dk = layout.block_to_rows(grads.dk)[:, :, ::group]",
+           "    dq = layout.sum_head_groups(xla_layout.block_to_rows(grads.dq), group)\n"
+           "    dk = layout.sum_head_groups(xla_layout.block_to_rows(grads.dk), group)",
+           "    dq = xla_layout.block_to_rows(grads.dq)[:, :, ::group]\n"
+           "    dk = xla_layout.block_to_rows(grads.dk)[:, :, ::group]",
            ("delta_rule_gradient_parity", "gva_equals_explicit_repeat"), impls=("xla",),
            function="grads_to_rows"),
     Mutant("conv_bwd_shift_by_one",
