@@ -192,3 +192,17 @@ def test_profile_packed_runs_both_sections():
     assert out.count("=> xla: packed / unpacked") == 2 and "xla one-doc" in out
     assert "delta_rule xla fwd+bwd: thunk ms per run" in out
     assert "largest increases:" in out and "packed program, largest thunks" in out
+
+
+def test_suite_throughput_runs_one_property(tmp_path):
+    """`python -m benchmarks --suite-only` on its cheapest setting: the ci
+    profile, one property that only traces (conventions_match_contract),
+    one example."""
+    cmd = [sys.executable, "-m", "benchmarks", "--suite-only", "--suite-profiles", "ci",
+           "--suite-properties", "conventions_match_contract", "--suite-ci-examples", "1",
+           "--out", str(tmp_path), "--name", "suite", "--no-plot"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    suite = json.loads((tmp_path / "suite.json").read_text())["suite"]["ci"]
+    assert suite["returncode"] == 0 and suite["examples"] >= 1
+    assert set(suite["properties"]) == {"conventions_match_contract"}
