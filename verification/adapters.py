@@ -274,6 +274,60 @@ def _flatten_rows(x):
     return x.reshape((1, x.shape[0] * x.shape[1]) + x.shape[2:])
 
 
+def _kernel_arguments(conv: Conventions, tensors, scale, initial_state, chunk_size,
+                      segment_ids, packing):
+    """(positional, keyword) arguments of the kernel for a contract call:
+    q, k, v, decay, beta converted, reshaped and guarded (_cotangent_guard),
+    then scale, chunk size, packed rows and initial state under the kernel's
+    names. tensors: the contract's (q, k, v, g, beta)."""
+    q, v = tensors[0], tensors[2]
+    b, t, _, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    moved = _kernel_inputs(conv, *tensors, packing)
+    if conv.varlen == "cu_seqlens":
+        moved = map(_flatten_rows, moved)
+    if conv.layout == "head_first":
+        moved = map(_heads_second, moved)
+    args = [_cotangent_guard(x, name) for name, x in zip(("q", "k", "v", "g", "beta"), moved)]
+    kw = dict(conv.kwargs)
+    if conv.scale == "argument":
+        kw[conv.name("scale")] = dk ** -0.5 if scale is None else scale
+    if conv.chunk_size == "argument":
+        kw[conv.name("chunk_size")] = chunk_size
+    state = initial_state
+    if conv.varlen == "cu_seqlens":        # one state per sequence: the rows' first ones
+        kw[conv.name("cu_seqlens")] = packing.sequences.cu_seqlens
+        slots = jnp.zeros((b * t, hv, dk, dv), jnp.float32)
+        state = slots if state is None else slots.at[packing.sequences.row_first].set(
+            state.astype(jnp.float32))
+    elif conv.varlen == "doc_ids" and packing is not None:
+        kw[conv.name("doc_ids")] = packing.sequences.doc_ids
+    elif conv.varlen == "segment_ids" and segment_ids is not None:
+        kw[conv.name("segment_ids")] = segment_ids
+    if state is not None:
+        kw[conv.name("initial_state")] = _cotangent_guard(_state_to_kernel(conv, state),
+                                                          "initial_state")
+    return args, kw
+
+
+def _contract_outputs(conv: Conventions, o, final, v, packing):
+    """The kernel's (o, final_state) back in the contract's layout and dtypes
+    (o in v's, the state float32; casts recorded as deviations): per row
+    for cu_seqlens, o exactly 0 at the padding the adapter made identity
+    steps."""
+    b, t, hv, dv = v.shape
+    o = _to_contract_dtype(o, v.dtype, "o dtype")
+    final = _to_contract_dtype(_state_to_kernel(conv, final), jnp.float32, "final_state dtype")
+    if conv.layout == "head_first":
+        o = _heads_second(o)
+    if conv.varlen == "cu_seqlens":
+        o = o.reshape(b, t, hv, dv)
+        final = final[packing.sequences.row_last]
+    if packing is not None:
+        o = jnp.where(packing.pad[..., None, None], jnp.zeros_like(o), o)
+    return o, final
+
+
 def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES, **conventions) -> KernelDeclaration:
     """A contract target (KernelDeclaration) of `kernel`, a core op written
     in the conventions given (see Conventions; the defaults are the
@@ -285,52 +339,13 @@ def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES, **conventions) -> KernelD
 
     def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64,
                          segment_ids=None):
-        b, t, _, dk = q.shape
-        hv, dv = v.shape[2], v.shape[3]
-        _check_call(conv, dk, scale, initial_state, chunk_size, segment_ids)
-        packing = _packing(conv, segment_ids, b, t)
-        q_, k_, v_, g_, beta_ = _kernel_inputs(conv, q, k, v, g, beta, packing)
-        if conv.varlen == "cu_seqlens":
-            q_, k_, v_, g_, beta_ = map(_flatten_rows, (q_, k_, v_, g_, beta_))
-        if conv.layout == "head_first":
-            q_, k_, v_, g_, beta_ = map(_heads_second, (q_, k_, v_, g_, beta_))
-        tensors = dict(zip(("q", "k", "v", "g", "beta"), (q_, k_, v_, g_, beta_)))
-        args = [_cotangent_guard(x, name) for name, x in tensors.items()]
-
-        kw = dict(conv.kwargs)
-        if conv.scale == "argument":
-            kw[conv.name("scale")] = dk ** -0.5 if scale is None else scale
-        if conv.chunk_size == "argument":
-            kw[conv.name("chunk_size")] = chunk_size
-        state = initial_state
-        if conv.varlen == "cu_seqlens":
-            seqs = packing.sequences
-            kw[conv.name("cu_seqlens")] = seqs.cu_seqlens
-            slots = jnp.zeros((b * t, hv, dk, dv), jnp.float32)
-            state = slots if state is None else slots.at[seqs.row_first].set(
-                state.astype(jnp.float32))
-        elif conv.varlen == "doc_ids" and packing is not None:
-            kw[conv.name("doc_ids")] = packing.sequences.doc_ids
-        elif conv.varlen == "segment_ids" and segment_ids is not None:
-            kw[conv.name("segment_ids")] = segment_ids
-        if state is not None:
-            kw[conv.name("initial_state")] = _cotangent_guard(_state_to_kernel(conv, state),
-                                                              "initial_state")
-
+        _check_call(conv, q.shape[3], scale, initial_state, chunk_size, segment_ids)
+        packing = _packing(conv, segment_ids, q.shape[0], q.shape[1])
+        args, kw = _kernel_arguments(conv, (q, k, v, g, beta), scale, initial_state,
+                                     chunk_size, segment_ids, packing)
         with _interpret_mode(conv):
             o, final = kernel(*args, **kw)
-
-        o = _to_contract_dtype(o, v.dtype, "o dtype")
-        final = _to_contract_dtype(_state_to_kernel(conv, final), jnp.float32,
-                                   "final_state dtype")
-        if conv.layout == "head_first":
-            o = _heads_second(o)
-        if conv.varlen == "cu_seqlens":
-            o = o.reshape(b, t, hv, dv)
-            final = final[packing.sequences.row_last]
-        if packing is not None:
-            o = jnp.where(packing.pad[..., None, None], jnp.zeros_like(o), o)
-        return o, final
+        return _contract_outputs(conv, o, final, v, packing)
 
     gated_delta_rule.__name__ = f"adapted_{getattr(kernel, '__name__', 'kernel')}"
     gated_delta_rule.__doc__ = (f"{gated_delta_rule.__name__}: the contract's gated_delta_rule "
