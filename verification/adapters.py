@@ -218,7 +218,9 @@ def _heads_second(x):
     return jnp.swapaxes(x, 1, 2)
 
 
-def _state_to_kernel(conv: Conventions, s):
+def _swap_state_layout(conv: Conventions, s):
+    """A state [..., Dk, Dv] <-> the kernel's [..., Dv, Dk] (state_layout "vk");
+    unchanged for "kv". The same transpose serves both directions."""
     return jnp.swapaxes(s, -1, -2) if conv.state_layout == "vk" else s
 
 
@@ -305,7 +307,7 @@ def _kernel_arguments(conv: Conventions, tensors, scale, initial_state, chunk_si
     elif conv.varlen == "segment_ids" and segment_ids is not None:
         kw[conv.name("segment_ids")] = segment_ids
     if state is not None:
-        kw[conv.name("initial_state")] = _cotangent_guard(_state_to_kernel(conv, state),
+        kw[conv.name("initial_state")] = _cotangent_guard(_swap_state_layout(conv, state),
                                                           "initial_state")
     return args, kw
 
@@ -317,7 +319,7 @@ def _contract_outputs(conv: Conventions, o, final, v, packing):
     steps."""
     b, t, hv, dv = v.shape
     o = _to_contract_dtype(o, v.dtype, "o dtype")
-    final = _to_contract_dtype(_state_to_kernel(conv, final), jnp.float32, "final_state dtype")
+    final = _to_contract_dtype(_swap_state_layout(conv, final), jnp.float32, "final_state dtype")
     if conv.layout == "head_first":
         o = _heads_second(o)
     if conv.varlen == "cu_seqlens":
