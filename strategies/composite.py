@@ -51,13 +51,15 @@ def _packed_segments(draw, packed, batch, seq_len, chunk, conv_width):
 
 
 def _geometries(rows, knobs, where, favour=None):
-    """The lattice rows passing `where`, as geometry dicts; rows passing
+    """The lattice rows passing `where`, reduced to the loaded profile's
+    covering (lattice.PROFILE_COVERING), as geometry dicts; rows passing
     `favour` too are listed twice (drawn twice as often), after the others
     so shrinking still heads for the first row."""
     names = list(knobs)
     picked = [r for r in rows if where(dict(zip(names, r)))]
     if not picked:
         raise ValueError("no lattice geometry satisfies the filter")
+    picked = list(lattice.covering(tuple(picked), tuple(names), lattice.current_covering()))
     if favour is not None:
         picked += [r for r in picked if favour(dict(zip(names, r)))]
     return st.sampled_from(picked).map(lambda r: dict(zip(names, r)))

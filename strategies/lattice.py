@@ -7,6 +7,13 @@ is drawn jointly as one GEOMETRY from a fixed list that covers every PAIR of
 knob values at least once (all-pairs / pairwise covering, built greedily and
 deterministically below). Compiles are then bounded by the list length,
 while each value of each knob, and each pair of values, is still exercised.
+
+Each Hypothesis profile draws from a covering of that list (its compile
+budget, PROFILE_COVERING): the dev loop's profile from the fewest rows that
+still hold every VALUE of every knob (every boundary length, head layout,
+dtype pair, parameter rank; about 8 rows, so a rerun finds its programs in
+the compile cache and a run reuses them across examples), the gate's and
+nightly profiles from every pair.
 """
 
 from __future__ import annotations
@@ -91,6 +98,49 @@ def all_pairs(knobs: Dict[str, Sequence]) -> List[Dict]:
             row[n] = best
         add(row)
     return rows
+
+
+def values_covering(rows: Sequence[Tuple], names: Sequence[str]) -> List[Tuple]:
+    """The fewest rows (greedy, deterministic) of `rows` holding every value
+    each knob takes in `rows`; row 0 first (where shrinking goes), then in
+    the order of `rows`."""
+    rows = list(rows)
+    if not rows:
+        return []
+    uncovered = {(i, row[i]) for row in rows for i in range(len(names))}
+    picked = []
+
+    def take(row):
+        picked.append(row)
+        uncovered.difference_update((i, row[i]) for i in range(len(names)))
+
+    take(rows[0])
+    while uncovered:
+        best = max(rows, key=lambda r: (sum((i, r[i]) in uncovered for i in range(len(names))),
+                                        -rows.index(r)))
+        take(best)
+    return sorted(picked, key=rows.index)
+
+
+# The covering each Hypothesis profile draws its geometries from (the
+# profiles are verification/profiles.py's); any other profile: "pairs".
+COVERINGS = ("values", "pairs")
+PROFILE_COVERING = {"dev": "values", "ci": "pairs", "kill": "pairs", "nightly": "pairs",
+                    "repro": "pairs"}
+
+
+def current_covering() -> str:
+    """The covering of the Hypothesis profile now loaded."""
+    from hypothesis import settings
+    return PROFILE_COVERING.get(settings.get_current_profile_name(), "pairs")
+
+
+@functools.lru_cache(maxsize=None)
+def covering(rows: Tuple[Tuple, ...], names: Tuple[str, ...], kind: str) -> Tuple[Tuple, ...]:
+    """`rows` (all-pairs rows, already filtered) reduced to the covering `kind`."""
+    if kind not in COVERINGS:
+        raise ValueError(f"covering must be one of {COVERINGS}, got {kind!r}")
+    return tuple(rows) if kind == "pairs" else tuple(values_covering(rows, names))
 
 
 MIXER_KNOBS = {

@@ -30,8 +30,9 @@ MIXER_INPUTS = ("x", "conv_weight", "a", "b", "a_log", "dt_bias")
 _compiles = {"n": 0, "s": 0.0, "hits": 0}
 _lock = threading.Lock()
 # Where a new program's time goes before it runs: tracing to a jaxpr,
-# lowering to StableHLO, XLA's compile (the last one counts the compiles;
-# a persistent-cache hit has no backend compile).
+# lowering to StableHLO, XLA's compile or the persistent cache's read (the
+# last one counts the programs: JAX times compile_or_get_cached as a whole,
+# so a cache hit fires it too, after its cache_hits event).
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",
                    "/jax/core/compile/backend_compile_duration")
@@ -47,7 +48,6 @@ def _on_event(event: str, duration: float, **_):
 def _on_plain_event(event: str, **_):
     if event == _CACHE_HIT:
         with _lock:
-            _compiles["n"] += 1
             _compiles["hits"] += 1
 
 

@@ -55,6 +55,8 @@ def test_a_mutant_never_reads_the_clean_kernels_program(tmp_path):
     # the rerun reads the kernel's VJP program back (the cache works); the
     # mutant compiles its own and reads none of what the rerun read
     assert counts["again"]["hits"] >= 1, counts
+    # every program of the rerun came from the cache, each counted once
+    assert counts["again"]["hits"] == counts["again"]["built"] == counts["clean"]["built"], counts
     assert counts["mutant"]["hits"] < counts["again"]["hits"], counts
     assert counts["mutant"]["built"] - counts["mutant"]["hits"] >= 1, counts
     assert os.listdir(tmp_path / "cache")

@@ -37,6 +37,47 @@ def test_delta_lattice_covers_every_pair_of_knob_values():
     assert len(lattice.delta_geometries()) <= 45
 
 
+def test_the_dev_covering_holds_every_knob_value_in_a_few_rows():
+    """The dev profile's compile budget: every value of every knob (each
+    boundary length, layout, dtype pair, parameter rank) in <= 10 rows."""
+    for knobs, rows in ((lattice.MIXER_KNOBS, lattice.mixer_geometries()),
+                        (lattice.DELTA_KNOBS, lattice.delta_geometries())):
+        names = tuple(knobs)
+        dev = lattice.covering(rows, names, lattice.PROFILE_COVERING["dev"])
+        assert dev[0] == rows[0] and set(dev) <= set(rows) and len(dev) <= 10
+        for i, name in enumerate(names):
+            assert {r[i] for r in dev} == set(knobs[name]), name
+        assert lattice.covering(rows, names, lattice.PROFILE_COVERING["ci"]) == rows
+    # a property's filter keeps every value it admits
+    narrow = tuple(r for r in lattice.delta_geometries() if r[4] == ("float32", "float32"))
+    dev = lattice.covering(narrow, tuple(lattice.DELTA_KNOBS), "values")
+    assert {r[1] for r in dev} == set(lattice.LENGTH_KINDS)
+
+
+def test_each_profile_draws_from_its_covering():
+    names = tuple(lattice.DELTA_KNOBS)
+    previous = settings.get_current_profile_name()
+    for profile, kind in lattice.PROFILE_COVERING.items():
+        allowed = lattice.covering(lattice.delta_geometries(), names, kind)
+        geometries = {(r[0], lattice.seq_len(r[1], r[0]), *r[2], r[3], *r[4], r[5])
+                      for r in allowed}
+        drawn = set()
+
+        @settings(max_examples=40, deadline=None, database=None, derandomize=True)
+        @given(delta_rule_cases())
+        def draw(case):
+            drawn.add((case.chunk, case.seq_len, case.k_heads, case.group, case.dk, case.dv,
+                       case.batch, case.dtype, case.state_dtype, case.has_initial_state))
+
+        settings.load_profile(profile)
+        try:
+            draw()
+        finally:
+            settings.load_profile(previous)
+        assert drawn <= geometries, (profile, drawn - geometries)
+        assert len(drawn) >= min(len(geometries), 5), profile
+
+
 def test_lattice_lengths_hit_every_chunk_boundary():
     for chunk in lattice.CHUNK_SIZES:
         lengths = {lattice.seq_len(kind, chunk) for kind in lattice.LENGTH_KINDS}
