@@ -52,7 +52,12 @@ def one_run(workdir: str, cache_dir: str, gdn_verify_args: List[str],
     result.update(properties=len(props), examples=examples, programs=data["compiles"],
                   cache_hits=data.get("cache_hits", 0),
                   examples_per_program=examples / data["compiles"] if data["compiles"] else None,
-                  verdicts={name: p["verdict"] for name, p in props.items()})
+                  verdicts={name: p["verdict"] for name, p in props.items()},
+                  per_property={name: {"examples": p["examples"] - p.get("unresolved", 0),
+                                       "programs": p["compiles"],
+                                       "seconds": round(p["seconds"], 1),
+                                       "compile_s": round(p.get("compile_s", 0.0), 1)}
+                                for name, p in props.items()})
     return result
 
 
@@ -86,6 +91,19 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {kind} (median of {doc['rounds']}) | {m.get('wall_s', 0):.0f} | "
                      f"{m.get('examples', 0):.0f} | {m.get('programs', 0):.0f} | "
                      f"{m.get('cache_hits', 0):.0f} | {per:.2f} |")
+    return "\n".join(lines + ["", property_table(doc)])
+
+
+def property_table(doc: dict) -> str:
+    """Per property, first round: examples, programs and seconds, cold and warm
+    (seconds are the property's own, summed over the workers)."""
+    cold, warm = (doc["runs"][kind][0].get("per_property", {}) for kind in ("cold", "warm"))
+    lines = ["| property | examples | programs cold | s cold | programs warm | s warm |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name in sorted(cold, key=lambda n: -cold[n]["seconds"]):
+        c, w = cold[name], warm.get(name, {})
+        lines.append(f"| {name} | {c['examples']} | {c['programs']} | {c['seconds']:.1f} | "
+                     f"{w.get('programs', '-')} | {w.get('seconds', float('nan')):.1f} |")
     return "\n".join(lines)
 
 

@@ -176,6 +176,8 @@ def test_main_job_benchmark_runs_cold_then_warm(tmp_path):
     assert cold["properties"] == warm["properties"] == 2 and cold["examples"] >= 2
     assert cold["cache_hits"] == 0 and warm["cache_hits"] > 0
     assert "| warm (median of 1) |" in proc.stdout
+    assert set(cold["per_property"]) == {"split_invariance", "causality"}
+    assert "| split_invariance |" in proc.stdout and "| programs warm |" in proc.stdout
 
 
 def test_profile_packed_runs_both_sections():

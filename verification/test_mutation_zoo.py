@@ -56,18 +56,25 @@ def test_property_fails_on_its_wrong_target(prop_id):
     assert prop_id in harness.session().last_failure, f"{prop_id} did not record a failing case: {err!r}"
 
 
+@pytest.mark.parametrize("profile", ("dev", "ci"))     # the two coverings of the lattice
 @pytest.mark.parametrize("prop_id", sorted(PROPERTIES))
-def test_strategy_reaches_every_coverage_claim(prop_id):
-    """Each claim is reached by some case of the property's strategy (data
-    only: no kernel runs)."""
+def test_strategy_reaches_every_coverage_claim(prop_id, profile):
+    """Each claim is reached by some case of the property's strategy, in the
+    dev loop's lattice covering as in the gate's (data only: no kernel
+    runs)."""
     p = PROPERTIES[prop_id]
     assert p.covers, f"{prop_id} declares no coverage claim"
     quick = settings(max_examples=2000, database=None, derandomize=True,
                      suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-    for claim, predicate in p.covers.items():
-        if any(predicate(c) for c in p.examples):
-            continue
-        find(p.strategy, predicate, settings=quick)   # NoSuchExample: claim unreached
+    previous = settings.get_current_profile_name()
+    settings.load_profile(profile)
+    try:
+        for claim, predicate in p.covers.items():
+            if any(predicate(c) for c in p.examples):
+                continue
+            find(p.strategy, predicate, settings=quick)   # NoSuchExample: claim unreached
+    finally:
+        settings.load_profile(previous)
 
 
 ROUND_TRIPS = [

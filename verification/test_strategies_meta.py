@@ -47,6 +47,11 @@ def test_the_dev_covering_holds_every_knob_value_in_a_few_rows():
         assert dev[0] == rows[0] and set(dev) <= set(rows) and len(dev) <= 10
         for i, name in enumerate(names):
             assert {r[i] for r in dev} == set(knobs[name]), name
+            meaningful = lattice.MEANINGFUL.get(name, lambda row: True)
+
+            def where_meaningful(some_rows):
+                return {r[i] for r in some_rows if meaningful(dict(zip(names, r)))}
+            assert where_meaningful(dev) == where_meaningful(rows), name
         assert lattice.covering(rows, names, lattice.PROFILE_COVERING["ci"]) == rows
     # a property's filter keeps every value it admits
     narrow = tuple(r for r in lattice.delta_geometries() if r[4] == ("float32", "float32"))

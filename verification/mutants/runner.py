@@ -1,9 +1,11 @@
 """`gdn-verify mutants`: the seeded-bug kill report.
 
-For each mutant and each impl whose code it breaks, a fresh Python process
-runs the registered properties against gdn_mutant_<name>:<impl> under the
+For each mutant and each impl whose code it breaks, a pytest session runs
+the registered properties against gdn_mutant_<name>:<impl> under the
 `kill` profile (ci's examples, derandomized, no shrinking), stopping at
-the first failing example. The declared faster subset: only the mutant's
+the first failing example. The sessions of one job slot run one after
+another in one worker process (verification/mutants/worker.py says why
+that changes nothing a session sees). The declared faster subset: only the mutant's
 declared killer properties run first (selected by property id,
 --gdn-properties); if none of them fails, every property runs (and a
 survivor is reported). A mutant counts as killed only when a property
@@ -16,7 +18,7 @@ run wrote) is replayed on the unmutated package with the same impl
 (`gdn-verify replay FILE... --module gdn_kernels`) and must pass there,
 so no kill is the property failing for a reason of its own.
 
-The compile cache: a mutant process reads the persistent compile cache of
+The compile cache: a mutant session reads the persistent compile cache of
 the caller (if one is configured) and never writes to it. JAX keys an
 entry by a hash of the program (debug info stripped), the compile options,
 the devices, the XLA flags and the jax/jaxlib versions, and caches nothing
@@ -28,7 +30,7 @@ different program than the original.
 
 Writes mutation-report.json and mutation-report.md; exits 1 if any mutant
 survives or errors, or a killing example fails on the unmutated package.
---jobs N runs N of these processes at once (and the baseline replays in
+--jobs N runs N worker processes at once (and the baseline replays in
 up to N processes); the report keeps the catalog's order.
 """
 
@@ -41,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
@@ -58,7 +61,7 @@ _CACHE_WRITE_THRESHOLD = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 
 
 def _env(run_dir: str, stats_file: str) -> dict:
-    """A mutant process's environment: the kill profile, its own
+    """A mutant session's environment: the kill profile, its own
     counterexample folder, the caller's compile cache read-only (an entry
     is written only for a compile slower than the threshold: 1e9 s), and
     the caller's folder of mutated packages (materialised before any run
@@ -79,29 +82,74 @@ def _run(cmd: List[str], env: dict) -> Tuple[subprocess.CompletedProcess, float]
     return proc, time.perf_counter() - t0
 
 
-def run_suite_process(target: str, properties: Optional[List[str]], run_dir: str,
-                      examples: Optional[int]) -> dict:
-    """One fresh pytest process running the given properties (None: every
-    registered property) against target under the kill profile; returns its
-    stats, wall time and the counterexample files it wrote (in run_dir)."""
+class SessionWorker:
+    """A verification.mutants.worker process (started on first use, again
+    after it died) running one suite session after another; one per job
+    slot of the mutation run."""
+
+    def __init__(self, examples: Optional[int], log_dir: str):
+        self.examples, self.log_dir, self.proc, self.log = examples, log_dir, None, None
+
+    def _start(self) -> None:
+        env = _env(self.log_dir, os.path.join(self.log_dir, "unused.json"))
+        if self.examples:
+            env["GDN_CI_EXAMPLES"] = str(self.examples)
+        self.log = tempfile.NamedTemporaryFile("w+", dir=self.log_dir, suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen([sys.executable, "-m", "verification.mutants.worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, env=env, cwd=os.getcwd())
+
+    def run(self, args: List[str], env: dict) -> dict:
+        """One session: {returncode, wall_s, tail}; a worker that died is
+        an error of this session (returncode 3, its stderr's tail)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        t0 = time.perf_counter()
+        try:
+            self.proc.stdin.write(json.dumps({"args": args, "env": env}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:
+            line = ""
+        if line:
+            return json.loads(line)
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+        with open(self.log.name) as f:
+            tail = f.read()[-3000:]
+        return {"returncode": 3, "wall_s": time.perf_counter() - t0,
+                "tail": f"the worker process died:\n{tail}"}
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+def run_suite_process(worker: SessionWorker, target: str, properties: Optional[List[str]],
+                      run_dir: str) -> dict:
+    """One suite session (in the worker's process) running the given
+    properties (None: every registered property) against target under the
+    kill profile; returns its stats, wall time and the counterexample files
+    it wrote (in run_dir)."""
     os.makedirs(run_dir, exist_ok=True)
     stats_file = tempfile.mktemp(suffix=".json", dir=run_dir)
-    cmd = [sys.executable, "-m", "pytest", PROPERTY_TESTS, "-p", "gdn_verify",
-           "-x", "-q", "--hypothesis-profile", PROFILE, "--gdn-target", target,
-           "-p", "no:cacheprovider", "--gdn-properties",
-           ",".join(p.id for p in select(properties)) if properties else "all"]
-    env = _env(run_dir, stats_file)
-    if examples:
-        env["GDN_CI_EXAMPLES"] = str(examples)
-    proc, wall = _run(cmd, env)
+    args = [PROPERTY_TESTS, "-p", "gdn_verify",
+            "-x", "-q", "--hypothesis-profile", PROFILE, "--gdn-target", target,
+            "-p", "no:cacheprovider", "--gdn-properties",
+            ",".join(p.id for p in select(properties)) if properties else "all"]
+    counterexamples = os.path.join(run_dir, "counterexamples")
+    result = worker.run(args, {"GDN_STATS_FILE": stats_file,
+                               "GDN_COUNTEREXAMPLES": counterexamples})
     stats = {}
     if os.path.exists(stats_file):
         with open(stats_file) as f:
             stats = json.load(f)
-    return {"returncode": proc.returncode, "wall_s": wall, "stats": stats,
-            "counterexamples": sorted(glob.glob(os.path.join(env["GDN_COUNTEREXAMPLES"],
-                                                             "*.json"))),
-            "tail": (proc.stdout + proc.stderr)[-3000:]}
+    return {"returncode": result["returncode"], "wall_s": result["wall_s"], "stats": stats,
+            "counterexamples": sorted(glob.glob(os.path.join(counterexamples, "*.json"))),
+            "tail": result["tail"]}
 
 
 def _killer(stats: dict):
@@ -111,7 +159,7 @@ def _killer(stats: dict):
     return None, None
 
 
-def run_mutant(name: str, impl: str, mutant_dir: str, examples: Optional[int]) -> dict:
+def run_mutant(name: str, impl: str, mutant_dir: str, worker: SessionWorker) -> dict:
     mutant = MUTANTS[name]
     target = f"{PREFIX}{name}:{impl}"
     record = {"mutant": name, "impl": impl, "description": mutant.description,
@@ -123,11 +171,11 @@ def run_mutant(name: str, impl: str, mutant_dir: str, examples: Optional[int]) -
         return record | {"status": "patch failed", "wall_s": 0.0, "subset": "-",
                          "log_tail": str(err)}
     run_dir = os.path.join(mutant_dir, "runs", f"{name}-{impl}")
-    result = run_suite_process(target, list(mutant.killers), run_dir, examples)
+    result = run_suite_process(worker, target, list(mutant.killers), run_dir)
     subset = "declared killers: " + ", ".join(mutant.killers)
     wall = result["wall_s"]
     if result["returncode"] == 0:          # subset missed it: run every property
-        result = run_suite_process(target, None, run_dir, examples)
+        result = run_suite_process(worker, target, None, run_dir)
         subset = "every property (declared killers missed it)"
         wall += result["wall_s"]
     killer, at = _killer(result["stats"])
@@ -238,13 +286,26 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
     _materialize_all(names, mutant_dir)
     runs = shard_of([(name, impl) for name in names for impl in MUTANTS[name].impls], shard)
     jobs = max(1, jobs)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_mutant, name, impl, mutant_dir, examples)
-                   for name, impl in runs]
-        results = []
-        for future in futures:
-            results.append(future.result())
-            _print_result(results[-1])
+    # one worker process per job slot (thread), reused from mutant to mutant
+    slots = threading.local()
+    workers: List[SessionWorker] = []
+
+    def run_in_slot(name, impl):
+        if not hasattr(slots, "worker"):
+            slots.worker = SessionWorker(examples, mutant_dir)
+            workers.append(slots.worker)
+        return run_mutant(name, impl, mutant_dir, slots.worker)
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(run_in_slot, name, impl) for name, impl in runs]
+            results = []
+            for future in futures:
+                results.append(future.result())
+                _print_result(results[-1])
+    finally:
+        for worker in workers:
+            worker.close()
     baseline = replay_killing_examples(results, jobs)
     print(baseline_line(baseline), flush=True)
     verdict = kill_summary(results, baseline["passed"], time.perf_counter() - t0)
