@@ -58,11 +58,20 @@ PYTEST_VALUED = {"target": "--gdn-target", "profile": "--hypothesis-profile",
 PYTEST_FLAGS = {"strict": "--gdn-strict", "no_compile_cache": "--gdn-no-compile-cache"}
 
 
+AUTO_JOBS_ENV = "PYTEST_XDIST_AUTO_NUM_WORKERS"
+
+
+def default_jobs() -> int:
+    """--jobs when not given: pytest-xdist's `-n auto` count (its
+    PYTEST_XDIST_AUTO_NUM_WORKERS if set, else every core)."""
+    return int(os.environ.get(AUTO_JOBS_ENV) or 0) or os.cpu_count() or 1
+
+
 def _suite_args(args) -> List[str]:
     """The pytest arguments of `run`'s options: properties only unless
     --scope all, on every core unless --jobs 1."""
     out = ["-p", "gdn_verify", "-q", f"--gdn-scope={args.get('scope') or 'properties'}"]
-    jobs = args.get("jobs") or os.cpu_count() or 1
+    jobs = args.get("jobs") or default_jobs()
     if jobs > 1 and _have_xdist():
         out += ["-n", str(jobs), "--dist", "worksteal"]
     out += [f"{flag}={args[name]}" for name, flag in PYTEST_VALUED.items()
@@ -273,7 +282,8 @@ def _shared_options(parser, suppress: bool) -> None:
     parser.add_argument("--report-dir", default=default, metavar="DIR")
     parser.add_argument("--jobs", type=int, default=default,
                         help="processes at once (run: pytest-xdist workers; mutants: "
-                             "mutant runs); default: every core")
+                             "mutant runs); default: every core, or "
+                             "PYTEST_XDIST_AUTO_NUM_WORKERS as for pytest -n auto")
     parser.add_argument("--no-compile-cache", action="store_true",
                         default=argparse.SUPPRESS if suppress else False,
                         help="do not use the persistent compilation cache")
@@ -362,7 +372,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .shards import parse_shard
         shard = parse_shard(args["shard"]) if args.get("shard") else None
         return mutants_main(args.get("only"), args.get("report_dir") or ".",
-                            args.get("examples"), args.get("jobs") or os.cpu_count() or 1,
+                            args.get("examples"), args.get("jobs") or default_jobs(),
                             shard)
     return run_suite(args, extra)
 

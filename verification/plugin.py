@@ -155,7 +155,8 @@ class Suite:
                 f"max_examples={s.max_examples} derandomize={s.derandomize} "
                 f"scope={self.scope}" + (" strict" if self._strict() else ""),
                 f"gdn-verify: {self.compile_settings}",
-                f"gdn-verify: {self.compile_cache}"] + [
+                f"gdn-verify: {self.compile_cache}",
+                f"gdn-verify: {_shape_budget_line()}"] + [
                     f"gdn-verify: adapter: {line}"
                     for line in self.target.declaration.conventions]
 
@@ -296,6 +297,18 @@ def _select_properties(config, items):
     if missing:
         raise pytest.UsageError(f"--gdn-properties: no test collected for {sorted(missing)}")
     _keep(config, items, keep)
+
+
+def _shape_budget_line() -> str:
+    """The loaded profile's covering of the shape lattice: its compile budget."""
+    from strategies import lattice
+    kind = lattice.current_covering()
+    counts = [len(lattice.covering(rows, tuple(knobs), kind)) for rows, knobs in
+              ((lattice.mixer_geometries(), lattice.MIXER_KNOBS),
+               (lattice.delta_geometries(), lattice.DELTA_KNOBS))]
+    return (f"shapes: the lattice's {kind} covering, {counts[0]} mixer and {counts[1]} "
+            f"delta-rule geometries (of {len(lattice.mixer_geometries())} and "
+            f"{len(lattice.delta_geometries())})")
 
 
 # ---------------------------------------------------------------- the report

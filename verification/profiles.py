@@ -1,8 +1,11 @@
 """Hypothesis profiles of the suite.
 
-dev      default: a few minutes; the local example database (.hypothesis/) is
-         on, plus a shared read-only database when one is configured, so a
-         failure found before replays first.
+dev      default: about a minute on two cores (a rerun less); the local
+         example database (.hypothesis/) is on, plus a shared read-only
+         database when one is configured, so a failure found before replays
+         first. Its shapes come from the lattice's values covering (every
+         knob value in 8-10 rows: strategies.lattice.PROFILE_COVERING), the
+         other profiles' from every row.
 ci       derandomized, more examples, print_blob=True, no database:
          the same examples on every run of the same code, in .ci/run, in
          the GitHub workflow and in the reusable gate alike (GDN_HYPOTHESIS_DB

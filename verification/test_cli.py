@@ -57,6 +57,23 @@ def test_run_options_become_pytest_options():
     assert "--gdn-scope=properties" in _suite_args(parse(["run"])[0])
 
 
+def test_jobs_default_to_every_core_or_xdists_auto_count(monkeypatch):
+    """`gdn-verify` on every core, or as many workers as pytest -n auto would
+    start (PYTEST_XDIST_AUTO_NUM_WORKERS); --jobs wins."""
+    from .cli import AUTO_JOBS_ENV
+
+    def workers(argv):
+        out = _suite_args(parse(argv)[0])
+        return int(out[out.index("-n") + 1]) if "-n" in out else 1
+
+    monkeypatch.delenv(AUTO_JOBS_ENV, raising=False)
+    assert workers(["run"]) == (os.cpu_count() or 1)
+    monkeypatch.setenv(AUTO_JOBS_ENV, "1")
+    assert workers(["run"]) == 1
+    monkeypatch.setenv(AUTO_JOBS_ENV, "3")
+    assert workers(["run"]) == 3 and workers(["run", "--jobs", "2"]) == 2
+
+
 def test_list_names_every_property_and_mutant(capsys):
     assert main(["list"]) == 0
     text = capsys.readouterr().out

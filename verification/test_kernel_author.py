@@ -64,8 +64,10 @@ class Author:
         self.ran = []
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("GDN_", "PYTEST_", "JAX_COMPILATION"))}
+        # one worker per gdn-verify run: this test already runs beside the
+        # suite's other tests on every core (xdist's own knob for -n auto)
         self.env.update(XLA_FLAGS="--xla_cpu_enable_fast_math=false", GDN_EXAMPLES=EXAMPLES,
-                        PYTHONDONTWRITEBYTECODE="1")
+                        PYTHONDONTWRITEBYTECODE="1", PYTEST_XDIST_AUTO_NUM_WORKERS="1")
         self.env.pop("VIRTUAL_ENV", None)
         self.env.pop("CI", None)        # Hypothesis loads its own "ci" profile where CI is set
         self.env["PATH"] = os.pathsep.join(
@@ -83,17 +85,39 @@ class Author:
         return proc
 
 
+INSTALL = DOC[:2]                               # the venv, the install
+
+
+def installed_author(home, tmp_path_factory) -> Author:
+    """An Author in `home` whose `venv` is the doc's install (INSTALL, the
+    same two lines in docs/verify-your-kernel.md), run once per test session
+    in a shared folder (under a file lock: the xdist workers share it) and
+    linked into home; each author records those lines as run."""
+    import fcntl
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "author-venv"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "installed").exists():
+            builder = Author(shared)
+            for command in INSTALL:
+                proc = builder.run(command)
+                assert proc.returncode == 0, proc.output[-3000:]
+            (shared / "installed").write_text("\n".join(INSTALL))
+    os.symlink(shared / "venv", os.path.join(str(home), "venv"))
+    me = Author(home)
+    me.ran += INSTALL
+    return me
+
+
 @pytest.fixture(scope="module")
 def author(tmp_path_factory):
     home = tmp_path_factory.mktemp("author")
     assert not str(home).startswith(ROOT)
     shutil.copy(FIXTURE, home / "my_kernels.py")
     (home / "test_own.py").write_text(OWN_TEST)
-    me = Author(home)
-    for command in DOC[:2]:                     # the venv, the install
-        proc = me.run(command)
-        assert proc.returncode == 0, proc.output[-3000:]
-    return me
+    return installed_author(home, tmp_path_factory)
 
 
 def _summary(output: str) -> str:
