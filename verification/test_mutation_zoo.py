@@ -131,12 +131,56 @@ def test_a_mutated_kernel_is_another_program_for_the_compile_cache():
     assert program(mutant, "reference") == program(gdn_kernels, "reference")
 
 
-def test_a_kill_without_its_killing_example_fails_the_baseline():
-    from .mutants.runner import replay_killing_examples
+def test_a_kill_without_its_killing_example_fails_the_baseline(tmp_path):
+    from .mutants.runner import SessionWorker, replay_killing_examples
     record = {"mutant": "no_decay_between_chunks", "impl": "xla", "killed": True,
               "killing_example": None}
-    baseline = replay_killing_examples([record], jobs=2)
+    baseline = replay_killing_examples([record], [SessionWorker(None, str(tmp_path))])
     assert not baseline["passed"] and "no_decay_between_chunks:xla" in baseline["log_tail"]
+
+
+def test_sessions_in_one_worker_kill_as_fresh_processes_do(tmp_path):
+    """Two mutants' sessions one after another in one worker process, then
+    their killing examples replayed there on the unmutated package: the same
+    killers and examples to kill as a fresh pytest process per mutant (the
+    kill profile draws the same examples wherever it runs); a worker that
+    dies is an error of its session, and the next session gets a new one."""
+    import json
+    import subprocess
+    import sys
+    from .mutants import materialize
+    from .mutants.runner import (PROFILE, PROPERTY_TESTS, SessionWorker, _env, _killer,
+                                 replay_killing_examples, run_suite_process)
+    worker = SessionWorker(None, str(tmp_path))
+    cases = [("l2norm_bwd_eps_1e12", "near_zero_rows_vjp_parity"),
+             ("no_decay_between_chunks", "mixer_forward_parity")]
+    try:
+        results = []
+        for name, killer in cases:
+            target = f"{materialize(name)}:xla"
+            ran = run_suite_process(worker, target, [killer], str(tmp_path / name))
+            stats_file = str(tmp_path / f"{name}-fresh.json")
+            env = _env(str(tmp_path / f"{name}-fresh"), stats_file)
+            fresh = subprocess.run(
+                [sys.executable, "-m", "pytest", PROPERTY_TESTS, "-p", "gdn_verify", "-x",
+                 "-q", "--hypothesis-profile", PROFILE, "--gdn-target", target, "-p",
+                 "no:cacheprovider", "--gdn-properties", killer, "-p", "no:xdist"],
+                env=env, capture_output=True, text=True, timeout=600)
+            assert fresh.returncode == ran["returncode"] == 1, (fresh.stdout[-2000:],
+                                                               ran["tail"])
+            with open(stats_file) as f:
+                assert _killer(ran["stats"]) == _killer(json.load(f)) != (None, None)
+            results.append({"mutant": name, "impl": "xla", "killed": True,
+                            "killing_example": ran["counterexamples"][0]})
+        baseline = replay_killing_examples(results, [worker])
+        assert baseline["passed"] and baseline["replayed"] == 2, baseline["log_tail"]
+        (tmp_path / "test_dies.py").write_text("import os\nos._exit(9)\n")
+        dead = worker.run([str(tmp_path / "test_dies.py"), "-p", "no:cacheprovider"], {})
+        assert dead["returncode"] == 3 and "died" in dead["tail"], dead
+        again = worker.run(["--version"], {})
+        assert again["returncode"] == 0, again["tail"]
+    finally:
+        worker.close()
 
 
 def test_processes_materialising_one_mutant_at_once_share_one_copy(tmp_path):

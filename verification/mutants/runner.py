@@ -76,12 +76,6 @@ def _env(run_dir: str, stats_file: str) -> dict:
     return env
 
 
-def _run(cmd: List[str], env: dict) -> Tuple[subprocess.CompletedProcess, float]:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.getcwd())
-    return proc, time.perf_counter() - t0
-
-
 class SessionWorker:
     """A verification.mutants.worker process (started on first use, again
     after it died) running one suite session after another; one per job
@@ -100,14 +94,15 @@ class SessionWorker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, env=env, cwd=os.getcwd())
 
-    def run(self, args: List[str], env: dict) -> dict:
-        """One session: {returncode, wall_s, tail}; a worker that died is
-        an error of this session (returncode 3, its stderr's tail)."""
+    def run(self, args: List[str], env: dict, kind: str = "pytest") -> dict:
+        """One session (see worker.py for the kinds): {returncode, wall_s,
+        tail}; a worker that died is an error of this session (returncode 3,
+        its stderr's tail)."""
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         t0 = time.perf_counter()
         try:
-            self.proc.stdin.write(json.dumps({"args": args, "env": env}) + "\n")
+            self.proc.stdin.write(json.dumps({"kind": kind, "args": args, "env": env}) + "\n")
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
         except OSError:
@@ -189,29 +184,32 @@ def run_mutant(name: str, impl: str, mutant_dir: str, worker: SessionWorker) -> 
                      "log_tail": None if killed else result["tail"]}
 
 
-def replay_killing_examples(results: List[dict], jobs: int) -> dict:
+def replay_killing_examples(results: List[dict], workers: List[SessionWorker]) -> dict:
     """The baseline: each killed mutant's killing example replayed on the
-    unmutated package (same impl), in up to `jobs` processes. A kill without
+    unmutated package (same impl), split over the workers. A kill without
     its counterexample file fails the baseline (nothing shows the kill is
     the mutant's)."""
     killed = [r for r in results if r["killed"]]
     missing = [f"{r['mutant']}:{r['impl']}" for r in killed if not r["killing_example"]]
     files = [r["killing_example"] for r in killed if r["killing_example"]]
-    parts = [part for part in (shard_of(files, (j, jobs)) for j in range(1, jobs + 1)) if part]
-    cmd = [sys.executable, "-m", "verification.cli", "replay", "--module", UNMUTATED]
+    n = len(workers)
+    parts = [part for part in (shard_of(files, (j, n)) for j in range(1, n + 1)) if part]
+    args = ["replay", "--module", UNMUTATED]
+    env = {"GDN_PROFILE": None, "GDN_STATS_FILE": None}
     with ThreadPoolExecutor(max_workers=max(1, len(parts))) as pool:
-        runs = list(pool.map(lambda part: _run(cmd + part, dict(os.environ)), parts))
-    failed = [proc for proc, _ in runs if proc.returncode != 0]
-    tails = [(proc.stdout + proc.stderr)[-3000:] for proc in failed]
+        runs = list(pool.map(lambda wp: wp[0].run(args + wp[1], env, kind="cli"),
+                             zip(workers, parts)))
+    failed = [run for run in runs if run["returncode"] != 0]
+    tails = [run["tail"] for run in failed]
     if missing:
         tails.append(f"killed without a counterexample file: {', '.join(missing)}")
     return {"target": f"{UNMUTATED} (each killing example, on its impl)",
             "passed": not failed and not missing, "replayed": len(files),
             "processes": len(parts),
-            "wall_s": round(max((w for _, w in runs), default=0.0), 1),
-            "cpu_s": round(sum(w for _, w in runs), 1),
+            "wall_s": round(max((run["wall_s"] for run in runs), default=0.0), 1),
+            "cpu_s": round(sum(run["wall_s"] for run in runs), 1),
             "log_tail": "\n".join(tails) or None,
-            "test_seconds": [w for _, w in runs]}
+            "test_seconds": [run["wall_s"] for run in runs]}
 
 
 def markdown(report: dict) -> str:
@@ -303,10 +301,12 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
             for future in futures:
                 results.append(future.result())
                 _print_result(results[-1])
+        while len(workers) < jobs:
+            workers.append(SessionWorker(examples, mutant_dir))
+        baseline = replay_killing_examples(results, workers)
     finally:
         for worker in workers:
             worker.close()
-    baseline = replay_killing_examples(results, jobs)
     print(baseline_line(baseline), flush=True)
     verdict = kill_summary(results, baseline["passed"], time.perf_counter() - t0)
     from ..shards import projection_line

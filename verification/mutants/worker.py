@@ -14,9 +14,13 @@ and has no database, so a session draws the same examples as in a fresh
 process); each mutant is its own package (gdn_mutant_<name>), so no mutated
 code is ever shared.
 
-Protocol: one JSON job per stdin line, {"args": [pytest args], "env":
-{name: value or null}}; one JSON result per stdout line, {"returncode",
-"wall_s", "tail"}. pytest's output is captured per session (its last
+The baseline's replays of the killing examples on the unmutated package
+run here too (kind "cli": `gdn-verify replay FILE... --module gdn_kernels`),
+after the mutants: gdn_kernels is its own package, untouched by any mutant.
+
+Protocol: one JSON job per stdin line, {"kind": "pytest" or "cli", "args":
+[arguments], "env": {name: value or null}}; one JSON result per stdout
+line, {"returncode", "wall_s", "tail"}. pytest's output is captured per session (its last
 characters are the result's tail); anything written below Python (XLA's
 logs) goes to stderr, never into the protocol.
 """
@@ -31,9 +35,13 @@ import sys
 import time
 
 
-def run_session(args, env) -> dict:
-    """One pytest session with these arguments and environment changes."""
+def run_session(args, env, kind: str = "pytest") -> dict:
+    """One pytest session (kind "pytest": pytest's arguments) or one
+    `gdn-verify` command (kind "cli": its arguments, e.g. the baseline's
+    replay) with these environment changes."""
     import pytest
+    from verification.cli import main as cli_main
+    entry = {"pytest": pytest.main, "cli": cli_main}[kind]
     for name, value in env.items():
         if value is None:
             os.environ.pop(name, None)
@@ -43,7 +51,7 @@ def run_session(args, env) -> dict:
     t0 = time.perf_counter()
     try:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            code = int(pytest.main(list(args)))
+            code = int(entry(list(args)))
     except BaseException as err:             # noqa: BLE001 -- reported as the session's error
         code = 3
         log.write(f"\nworker: the session raised {type(err).__name__}: {err}\n")
@@ -59,7 +67,8 @@ def main() -> int:
         if not line.strip():
             continue
         job = json.loads(line)
-        protocol.write(json.dumps(run_session(job["args"], job.get("env", {}))) + "\n")
+        result = run_session(job["args"], job.get("env", {}), job.get("kind", "pytest"))
+        protocol.write(json.dumps(result) + "\n")
         protocol.flush()
     return 0
 
