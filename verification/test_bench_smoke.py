@@ -169,7 +169,8 @@ def test_main_job_benchmark_runs_cold_then_warm(tmp_path):
                            "--target", "verification.foreign_targets.float32_only_scan",
                            "--examples", "1", "--properties", "split_invariance,causality",
                            "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTEST_XDIST_AUTO_NUM_WORKERS="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     cold, warm = doc["runs"]["cold"][0], doc["runs"]["warm"][0]

@@ -87,7 +87,7 @@ def test_junit_xml_json_report_and_seed(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "verification.cli", "--target", SCAN, "--seed", "5",
          "--examples", "2", "--properties", "delta_rule_forward_parity,split_invariance",
-         "--junit-xml", str(junit), "--json", str(report)],
+         "--junit-xml", str(junit), "--json", str(report), "--jobs", "1"],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     cases = ElementTree.parse(junit).getroot().iter("testcase")
