@@ -32,6 +32,8 @@ SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 PROPERTY_TESTS = os.path.join(SUITE_DIR, "test_properties.py")
 STATS_KEY = "gdn_property_stats"
 EXAMPLES_ENV = "GDN_EXAMPLES"      # the same as --gdn-examples
+LONG_MARKER = "long_running"       # tests sorted first (see pytest_collection_modifyitems)
+long_running = getattr(pytest.mark, LONG_MARKER)       # the self-tests' decorator
 
 
 def pytest_addoption(parser):
@@ -127,6 +129,8 @@ class Suite:
         self.test_seconds: dict = {}
         config.addinivalue_line("markers", f"{harness.MARKER}(id): the test of registered "
                                            "property <id> (verification/registry.py)")
+        config.addinivalue_line("markers", f"{LONG_MARKER}: a test of a minute or more "
+                                           "(whole suite runs in subprocesses): run first")
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -176,6 +180,10 @@ class Suite:
                 raise pytest.UsageError(f"--gdn-shard: {err}") from None
             mine = set(shards.shard_of(sorted(item.nodeid for item in items), (i, n)))
             _keep(config, items, [item for item in items if item.nodeid in mine])
+        # long tests first (stable): pytest-xdist hands each worker a
+        # contiguous share, so they start early instead of leaving one core
+        # idle at the end
+        items.sort(key=lambda item: item.get_closest_marker(LONG_MARKER) is None)
 
     # ------------------------------------------------------------ running
     def pytest_runtest_setup(self, item):

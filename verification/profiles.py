@@ -5,7 +5,10 @@ dev      default: about a minute on two cores (a rerun less); the local
          database when one is configured, so a failure found before replays
          first. Its shapes come from the lattice's values covering (every
          knob value in 8-10 rows: strategies.lattice.PROFILE_COVERING), the
-         other profiles' from every row.
+         other profiles' from every row. No explain phase: after a failure
+         it reruns the property on variations of the shrunk case (each a
+         new compile, up to 10 s on a fixture kernel) to name choice-sequence
+         spans; the counterexample file and its error table say more.
 ci       derandomized, more examples, print_blob=True, no database:
          the same examples on every run of the same code, in .ci/run, in
          the GitHub workflow and in the reusable gate alike (GDN_HYPOTHESIS_DB
@@ -72,7 +75,7 @@ def register_profiles(examples: Optional[int] = None) -> None:
     settings.register_profile(
         "dev", max_examples=count("dev"), deadline=None,
         suppress_health_check=_SUPPRESS, database=dev_database(),
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink, Phase.explain])
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
     # Derandomized wherever it runs (Hypothesis allows no database with
     # derandomize=True): the scheduled workflow's nightly profile fills the
     # shared database instead.

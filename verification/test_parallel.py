@@ -17,6 +17,7 @@ import pytest
 
 from verification import reports, shards
 from verification.mutants import MUTANTS
+from verification.plugin import long_running
 
 WRONG = "verification.wrong_targets.nondeterministic"
 # determinism fails on this target; the others pass (four tests: no shard of three is empty)
@@ -56,6 +57,7 @@ def serial(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("serial"), "serial", [])
 
 
+@long_running
 def test_parallel_dev_profile_gives_the_serial_verdicts(tmp_path):
     """The dev profile draws random examples (two properties: its examples
     are larger and it shrinks further): verdicts and summary rows agree."""

@@ -16,8 +16,10 @@ import shutil
 import pytest
 import yaml
 
+from .plugin import long_running
 from .test_kernel_author import INSTALL, ROOT, Author, doc_commands, installed_author
 
+pytestmark = long_running        # whole suite runs in subprocesses
 DOC = "docs/verify-your-kernel.md"
 FIXTURES = os.path.join(ROOT, "verification", "convention_fixtures")
 KERNELS = ("head_first", "varlen", "norm_inside")       # fixture module = kernel file name
@@ -137,6 +139,7 @@ def test_the_gate_script_on_a_fixture_repository(author, tmp_path):
                 f"delta_rule_forward_parity,delta_rule_gradient_parity,mixer_gradient_parity")
     gate = Author(repo)
     gate.env["PATH"] = author.env["PATH"]
+    gate.env["XDG_CACHE_HOME"] = author.env["XDG_CACHE_HOME"]
 
     def run():
         return gate.run(command, activate=False)     # the script makes its own environment
