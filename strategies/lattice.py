@@ -121,30 +121,24 @@ def values_covering(rows: Sequence[Tuple], names: Sequence[str]) -> List[Tuple]:
         return []
     n = len(names)
 
-    def covers(row):
+    def meaningful_values(row):
         d = dict(zip(names, row))
         return {(i, row[i]) for i in range(n)
                 if names[i] not in MEANINGFUL or MEANINGFUL[names[i]](d)}
 
-    reachable = set().union(*(covers(r) for r in rows))
-    uncovered = {(i, row[i]) for row in rows for i in range(n)}
-    picked = []
-
-    def take(row):
-        picked.append(row)
-        uncovered.difference_update(covers(row))
-        # a value no row makes meaningful counts wherever it appears
-        uncovered.difference_update((i, row[i]) for i in range(n)
-                                    if (i, row[i]) not in reachable)
-
-    def gain(row):
-        return len(uncovered & (covers(row) | {(i, row[i]) for i in range(n)
-                                               if (i, row[i]) not in reachable}))
-
-    take(rows[0])
+    reachable = set().union(*(meaningful_values(r) for r in rows))
+    # what each row covers: its meaningful values, and any value no row
+    # makes meaningful (that one counts wherever it appears)
+    covers = [meaningful_values(r) | {(i, r[i]) for i in range(n) if (i, r[i]) not in reachable}
+              for r in rows]
+    uncovered = set().union(*covers)
+    picked = [0]                                  # row 0 first: where shrinking goes
+    uncovered -= covers[0]
     while uncovered:
-        take(max(rows, key=lambda r: (gain(r), -rows.index(r))))
-    return sorted(picked, key=rows.index)
+        best = max(range(len(rows)), key=lambda j: (len(uncovered & covers[j]), -j))
+        picked.append(best)
+        uncovered -= covers[best]
+    return [rows[j] for j in sorted(picked)]
 
 
 # The covering each Hypothesis profile draws its geometries from (the

@@ -11,6 +11,8 @@ import resource
 import subprocess
 import sys
 
+from .cli import AUTO_JOBS_ENV
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -170,7 +172,7 @@ def test_main_job_benchmark_runs_cold_then_warm(tmp_path):
                            "--examples", "1", "--properties", "split_invariance,causality",
                            "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTEST_XDIST_AUTO_NUM_WORKERS="1"))
+                          env=dict(os.environ, **{AUTO_JOBS_ENV: "1"}))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     cold, warm = doc["runs"]["cold"][0], doc["runs"]["warm"][0]

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from .cli import AUTO_JOBS_ENV
 from .plugin import long_running
 from .properties import load_all
 
@@ -68,7 +69,7 @@ class Author:
         # one worker per gdn-verify run: this test already runs beside the
         # suite's other tests on every core (xdist's own knob for -n auto)
         self.env.update(XLA_FLAGS="--xla_cpu_enable_fast_math=false", GDN_EXAMPLES=EXAMPLES,
-                        PYTHONDONTWRITEBYTECODE="1", PYTEST_XDIST_AUTO_NUM_WORKERS="1")
+                        PYTHONDONTWRITEBYTECODE="1", **{AUTO_JOBS_ENV: "1"})
         self.env.pop("VIRTUAL_ENV", None)
         self.env.pop("CI", None)        # Hypothesis loads its own "ci" profile where CI is set
         self.env["PATH"] = os.pathsep.join(

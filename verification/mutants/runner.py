@@ -42,8 +42,8 @@ import os
 import statistics
 import subprocess
 import sys
+import queue
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
@@ -88,6 +88,8 @@ class SessionWorker:
         env = _env(self.log_dir, os.path.join(self.log_dir, "unused.json"))
         if self.examples:
             env["GDN_CI_EXAMPLES"] = str(self.examples)
+        if self.log is not None:
+            self.log.close()                 # the log of a process that died
         self.log = tempfile.NamedTemporaryFile("w+", dir=self.log_dir, suffix=".log",
                                                delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", "verification.mutants.worker"],
@@ -121,6 +123,8 @@ class SessionWorker:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait()
+        if self.log is not None:
+            self.log.close()
 
 
 def run_suite_process(worker: SessionWorker, target: str, properties: Optional[List[str]],
@@ -284,25 +288,27 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
     _materialize_all(names, mutant_dir)
     runs = shard_of([(name, impl) for name in names for impl in MUTANTS[name].impls], shard)
     jobs = max(1, jobs)
-    # one worker process per job slot (thread), reused from mutant to mutant
-    slots = threading.local()
-    workers: List[SessionWorker] = []
+    # one worker per job slot (its process starts on first use), lent to
+    # one mutant run at a time and reused from mutant to mutant
+    workers = [SessionWorker(examples, mutant_dir) for _ in range(jobs)]
+    idle: "queue.Queue[SessionWorker]" = queue.Queue()
+    for worker in workers:
+        idle.put(worker)
 
-    def run_in_slot(name, impl):
-        if not hasattr(slots, "worker"):
-            slots.worker = SessionWorker(examples, mutant_dir)
-            workers.append(slots.worker)
-        return run_mutant(name, impl, mutant_dir, slots.worker)
+    def run_on_idle_worker(name, impl):
+        worker = idle.get()
+        try:
+            return run_mutant(name, impl, mutant_dir, worker)
+        finally:
+            idle.put(worker)
 
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(run_in_slot, name, impl) for name, impl in runs]
+            futures = [pool.submit(run_on_idle_worker, name, impl) for name, impl in runs]
             results = []
             for future in futures:
                 results.append(future.result())
                 _print_result(results[-1])
-        while len(workers) < jobs:
-            workers.append(SessionWorker(examples, mutant_dir))
         baseline = replay_killing_examples(results, workers)
     finally:
         for worker in workers:
