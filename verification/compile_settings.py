@@ -9,13 +9,23 @@ mutation runner's processes, `gdn-verify replay`) compiles with
   --xla_cpu_use_fusion_emitters=false   XLA:CPU's loop emitters instead of
                                         its MLIR fusion emitters
   --xla_backend_optimization_level=0    LLVM without optimisation passes
+  --xla_cpu_parallel_codegen_split_count=1
+                                        one LLVM module per program, not
+                                        split for parallel code generation
 
 Measured here (2-core CPU, jaxlib 0.10.2), the backend compile of the mixer's
 fwd+bwd at four lattice shapes (pallas, xla, float64 oracle): 19.5 s with
 XLA's defaults, 3.8 s with both flags; five properties of the dev profile:
 103 s -> 34 s. The programs are the same HLO, optimised by the same HLO
 passes; only code generation differs, and with it the order of some float
-operations (fused multiply-adds, vector reductions). On a mixer case the
+operations (fused multiply-adds, vector reductions). The split count changes
+only how the program's code is cut into object files: on two cores the
+split's threads competed with the other xdist worker, and every part is its
+own set of memory maps. Measured (2026-12-03, same machine): the ci
+profile's properties on 2 workers, cold cache, 222 s -> 187 s (432 -> 355
+test-seconds); 161 -> 68 memory maps per program (target and oracle VJP
+programs of the mixer at eight shapes), so the executable release of
+runners.release_executables_if_needed comes 2.4x less often. On a mixer case the
 float32 gradients of both builds are 6e-8..5e-7 (relative L2) from the
 float64 oracle and 1.5e-7..6e-7 from each other: float32 rounding in
 another order, under half the policy's float32 floor (2e-6);
@@ -36,7 +46,8 @@ import importlib.util
 import os
 from typing import MutableMapping, Optional
 
-SUITE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0")
+SUITE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0",
+               "--xla_cpu_parallel_codegen_split_count=1")
 # jaxlib versions on which the flags were checked to exist and measured.
 VERIFIED_JAXLIB = ("0.10.",)
 OPT_OUT_ENV = "GDN_XLA_DEFAULTS"

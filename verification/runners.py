@@ -98,9 +98,11 @@ def release_executables_if_needed(fraction: float = 0.5) -> bool:
     """Drop every compiled executable when this process uses more than
     `fraction` of the kernel's vm.max_map_count memory maps.
 
-    Each XLA:CPU executable of the suite holds ~275 memory maps (measured);
-    after ~230 compiles a process hits the default limit of 65530 and XLA
-    segfaults while compiling the next one. Releasing the caches frees the
+    Each XLA:CPU executable of the suite holds ~275 memory maps (measured
+    with XLA's parallel code generation; ~70 with the suite's compile
+    settings, verification/compile_settings.py); after ~230 (~900)
+    compiles a process hits the default limit of 65530 and XLA segfaults
+    while compiling the next one. Releasing the caches frees the
     maps; a later example of a seen shape simply compiles again."""
     used = _count_lines("/proc/self/maps")
     try:
