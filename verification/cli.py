@@ -179,7 +179,7 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
     from .properties import load_all
     from .registry import PropertyFailure
     from .targets import Target, TargetError
-    from .tolerance import format_table
+    from .tolerance import failure_class, format_table
     spec = target or record["target"]
     try:
         if module:
@@ -196,10 +196,13 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
         rows = mesh_worker.run(prop, resolved, record["case_obj"])
     except PropertyFailure as err:
         print(format_table(err.rows))
-        print(f"STILL FAILS: {record['property']}")
+        klass = failure_class(err.rows, getattr(record["case_obj"], "dtype", "?"))
+        recorded = record.get("failure_class") or klass
+        print(f"STILL FAILS: {record['property']} [{klass}]"
+              + ("" if recorded == klass else f" (recorded as [{recorded}])"))
         return 1
     except Exception as err:  # noqa: BLE001 - a crash is a failure too
-        print(f"STILL FAILS (raised {type(err).__name__}): {err}")
+        print(f"STILL FAILS: {record['property']} [raised {type(err).__name__}]: {err}")
         return 1
     print(format_table(rows))
     reason = prop.not_checkable(resolved, record["case_obj"])

@@ -60,8 +60,9 @@ def _git_commit() -> Optional[str]:
 
 
 def write(prop: str, case, target: str, profile: str, rows, table: str,
-          folder: Optional[str] = None) -> str:
-    """Write one counterexample file; returns its path."""
+          folder: Optional[str] = None, failure_class: str = "") -> str:
+    """Write one counterexample file; returns its path. failure_class:
+    tolerance.failure_class of the failure (one file per class)."""
     case_json = case_to_json(case)
     key = json.dumps({"case": case_json, "target": target}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
@@ -69,7 +70,8 @@ def write(prop: str, case, target: str, profile: str, rows, table: str,
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{prop}-{digest}.json")
     record = {
-        "property": prop, "case": case_json, "target": target, "profile": profile,
+        "property": prop, "failure_class": failure_class,
+        "case": case_json, "target": target, "profile": profile,
         "error_table": [r.to_json() for r in rows], "error_table_text": table,
         "interpret_mode": _interpret_mode(), "environment": recorded_environment(),
         "versions": versions(), "git_commit": _git_commit(),

@@ -1,7 +1,7 @@
 """Glue between the registered properties and pytest/Hypothesis: the test
 generated for each property, its verdict, per-property statistics for the
-summary, and the last failing case of each property for the counterexample
-file.
+summary, and the last failing case of each property's failure classes
+(tolerance.failure_class) for their counterexample files.
 
 A property's verdict on a target is one of
   held           every example it checked held
@@ -16,6 +16,7 @@ A property's verdict on a target is one of
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -26,9 +27,9 @@ from hypothesis.errors import Unsatisfiable
 from strategies.cases import MixerCase
 
 from . import known_failures, mesh_worker, runners
-from .registry import Property, PropertyFailure, is_not_checkable, not_checkable_row
+from .registry import Property, PropertyFailure, classed, is_not_checkable, not_checkable_row
 from .properties import load_all
-from .tolerance import TensorError
+from .tolerance import TensorError, failure_class
 
 MARKER = "gdn_property"
 
@@ -60,6 +61,21 @@ class PropertyStats:
     verdict: str = ""
     reasons: Dict[str, int] = dataclasses.field(default_factory=dict)   # not checkable: why
     worst: Dict[str, TensorError] = dataclasses.field(default_factory=dict)
+    # failure class (tolerance.failure_class) -> {"examples", "worst" (ratio),
+    # "file" (its counterexample, once written)}
+    classes: Dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    def add_failure(self, failure_class: str, ratio: float, examples: int = 1,
+                    file: str = "") -> None:
+        c = self.classes.setdefault(failure_class, {"examples": 0, "worst": 0.0, "file": ""})
+        c["examples"] += examples
+        c["worst"] = max(c["worst"], ratio)
+        c["file"] = file or c["file"]
+
+    @property
+    def worst_class(self) -> Optional[str]:
+        """The class of the worst failure (the summary's worst row is one of its)."""
+        return max(self.classes, key=lambda k: self.classes[k]["worst"], default=None)
 
     @property
     def checked(self) -> int:
@@ -79,9 +95,9 @@ class Session:
 
     options:      strict / known failures (RunOptions)
     stats:        property id -> PropertyStats (the summary's rows)
-    last_failure: property id -> (case, target, rows) of its latest failing
-                  example (after shrinking: the minimal one), for the
-                  counterexample file
+    last_failure: (property id, failure class) -> (case, target, rows) of
+                  the latest failing example of that class (after shrinking:
+                  the minimal one), for its counterexample file
     known_hits:   property id -> labels of the known failures that failed
     """
     options: RunOptions = dataclasses.field(default_factory=RunOptions)
@@ -143,12 +159,16 @@ def check_property(name: str, target, case, record: bool = True,
             return err.rows
         stats.failures += 1
         stats.first_failure_at = stats.first_failure_at or stats.examples + 1
-        session().last_failure[name] = (case, target, err.rows)
-        raise
-    except Exception:
+        klass = failure_class(failing, getattr(case, "dtype", "?"))
+        stats.add_failure(klass, max(r.ratio for r in failing))
+        session().last_failure[(name, klass)] = (case, target, err.rows)
+        raise classed(err, klass) from None
+    except Exception as err:
         stats.failures += 1
         stats.first_failure_at = stats.first_failure_at or stats.examples + 1
-        session().last_failure[name] = (case, target, [])
+        klass = f"raised {type(err).__name__}"
+        stats.add_failure(klass, math.inf)
+        session().last_failure[(name, klass)] = (case, target, [])
         raise
     finally:
         runners.release_executables_if_needed()
@@ -278,7 +298,8 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
                    "known_failures": st.known_failures, "verdict": st.verdict,
                    "mixer_examples": st.mixer_examples,
                    "reasons": dict(st.reasons),
-                   "worst": [dataclasses.asdict(r) for r in st.worst.values()]}
+                   "worst": [dataclasses.asdict(r) for r in st.worst.values()],
+                   "classes": {k: dict(c) for k, c in st.classes.items()}}
             for name, st in (session().stats if stats is None else stats).items()}
 
 
@@ -307,3 +328,5 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         if order.index(verdict if verdict in order else "") > order.index(st.verdict):
             st.verdict = verdict
         _update_worst(st, [TensorError(**r) for r in d.get("worst", ())])
+        for klass, c in d.get("classes", {}).items():
+            st.add_failure(klass, c["worst"], c["examples"], c["file"])

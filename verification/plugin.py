@@ -196,21 +196,26 @@ class Suite:
         report = outcome.get_result()
         if report.when != "call":
             return
+        if report.failed:
+            self._write_counterexamples(report)
         mark = item.get_closest_marker(harness.MARKER)
         if mark is not None and mark.args[0] in self.session.stats:
             one = harness.stats_json({mark.args[0]: self.session.stats[mark.args[0]]})
             report.user_properties.append((STATS_KEY, json.dumps(one)))
-        if report.failed:
-            self._write_counterexamples(report)
 
     def _write_counterexamples(self, report) -> None:
+        """One file per failure class of the test's properties: the last
+        (shrunk) failing case of each; its path goes to the class's row."""
         from . import counterexamples
         from .tolerance import format_table
-        for prop, (case, target, rows) in list(self.session.last_failure.items()):
+        for (prop, klass), (case, target, rows) in list(self.session.last_failure.items()):
             table = format_table(rows) if rows else "(no error table: the check raised)"
             path = counterexamples.write(prop, case, target.spec, self.profile_name(), rows,
-                                         table)
-            report.sections.append(("gdn-verify counterexample",
+                                         table, failure_class=klass)
+            if prop in self.session.stats:      # a property's test, not a meta-test's hunt
+                self.session.stats[prop].add_failure(klass, 0.0, examples=0,
+                                                     file=_shown_path(path))
+            report.sections.append((f"gdn-verify counterexample [{klass}]",
                                     f"shrunk case written to {path}\nreplay: "
                                     f"{counterexamples.replay_command(path)}\n{table}"))
         self.session.last_failure.clear()
@@ -367,12 +372,34 @@ def summary_lines(suite: Suite):
         label = suite.target.declaration.mixer_label
         if label and st.mixer_examples:
             w = f"[{label}] {w}"
+        if st.classes:
+            w += f"; counterexample {_class_file(st, st.worst_class)}"
         per = f"{st.examples / st.compiles:.1f}" if st.compiles else "-"
         lines.append(f"{name:<42}{st.verdict or '-':>14}{st.examples:>9}{st.not_checkable:>5}"
                      f"{st.failures:>5}{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
+        lines += failure_class_lines(st)
     lines.append(projection_line(list(suite.test_seconds.values()), "test-session"))
     lines += verdict_lines(suite, suite.session.stats)
     return lines
+
+
+def _shown_path(path: str) -> str:
+    """path relative to the working directory when it lies below it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _class_file(st, klass) -> str:
+    return st.classes[klass]["file"] or "(not written)"
+
+
+def failure_class_lines(st) -> list:
+    """One line per failure class of a property, the worst first: each is
+    its own finding, with its own counterexample file."""
+    order = sorted(st.classes, key=lambda k: -st.classes[k]["worst"])
+    return [f"    failure class {k}: {st.classes[k]['examples']} failing run(s), worst ratio "
+            f"{st.classes[k]['worst']:.3g}, counterexample {_class_file(st, k)}"
+            for k in order]
 
 
 def verdict_lines(suite: Suite, stats) -> list:

@@ -35,12 +35,47 @@ FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "sta
 
 
 class PropertyFailure(AssertionError):
-    """A property does not hold; .rows holds the error table."""
+    """A property does not hold; .rows holds the error table, .failure_class
+    the class of the failure once classed (tolerance.failure_class)."""
+    failure_class = ""
 
     def __init__(self, prop: str, rows: List[TensorError], message: str = ""):
         self.prop, self.rows = prop, rows
         super().__init__(f"{prop} failed{': ' + message if message else ''}\n"
                          + format_table(rows))
+
+    def __reduce__(self):           # a classed failure's type is made at run time
+        return _rebuild_failure, (self.failure_class, self.prop, self.rows, self.args)
+
+
+_FAILURE_TYPES: Dict[str, type] = {}
+
+
+def failure_type(failure_class: str) -> type:
+    """The PropertyFailure subclass of one failure class, made once per
+    process: Hypothesis tells failures apart by their exception type (its
+    InterestingOrigin), so failures of different classes are shrunk and
+    reported separately."""
+    if not failure_class:
+        return PropertyFailure
+    cls = _FAILURE_TYPES.get(failure_class)
+    if cls is None:
+        cls = _FAILURE_TYPES[failure_class] = type(
+            f"PropertyFailure[{failure_class}]", (PropertyFailure,),
+            {"failure_class": failure_class, "__module__": __name__})
+    return cls
+
+
+def _rebuild_failure(failure_class: str, prop: str, rows, args) -> PropertyFailure:
+    err = failure_type(failure_class).__new__(failure_type(failure_class))
+    err.prop, err.rows, err.args = prop, rows, args
+    return err
+
+
+def classed(err: PropertyFailure, failure_class: str) -> PropertyFailure:
+    """err as a failure of its class (its message prefixed by the class)."""
+    return _rebuild_failure(failure_class, err.prop, err.rows,
+                            (f"[{failure_class}] {err.args[0]}",) + err.args[1:])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,12 @@ def _hunt(prop_id: str, target: Target, shrink: bool):
     return info.value
 
 
+def _failures(prop_id: str) -> dict:
+    """failure class -> (case, target, rows): prop_id's recorded failures."""
+    return {klass: found for (prop, klass), found in harness.session().last_failure.items()
+            if prop == prop_id}
+
+
 def test_registry_is_complete():
     """Every family has properties, every property a wrong target, a
     strategy, a doc line and a positive weight; mutant killers exist."""
@@ -53,7 +59,7 @@ def test_registry_is_complete():
 @pytest.mark.parametrize("prop_id", sorted(PROPERTIES))
 def test_property_fails_on_its_wrong_target(prop_id):
     err = _hunt(prop_id, Target.parse(PROPERTIES[prop_id].wrong_target), shrink=False)
-    assert prop_id in harness.session().last_failure, f"{prop_id} did not record a failing case: {err!r}"
+    assert _failures(prop_id), f"{prop_id} did not record a failing case: {err!r}"
 
 
 @pytest.mark.parametrize("profile", ("dev", "ci"))     # the two coverings of the lattice
@@ -88,19 +94,50 @@ ROUND_TRIPS = [
 def test_counterexample_file_replays_to_the_same_failure(prop_id, wrong, tmp_path, capsys):
     target = Target.parse(wrong)
     _hunt(prop_id, target, shrink=True)
-    case, failing_target, rows = harness.session().last_failure[prop_id]
+    klass, (case, failing_target, rows) = sorted(_failures(prop_id).items())[0]
     path = counterexamples.write(prop_id, case, failing_target.spec, "test", rows,
-                                 "", folder=str(tmp_path))
+                                 "", folder=str(tmp_path), failure_class=klass)
     record = counterexamples.load(path)
     assert record["case_obj"] == case and record["target"] == wrong
     assert replay(path, None) == 1                      # still fails on the wrong target
-    assert "STILL FAILS" in capsys.readouterr().out
+    assert f"STILL FAILS: {prop_id} [{klass}]" in capsys.readouterr().out
     assert replay(path, "gdn_kernels:xla") == 0         # and holds on the real one
     assert replay(path, None, module="gdn_kernels") == 0  # the same impl, unmutated
     with pytest.raises(Exception) as again:   # the same failure, rerun directly
         mesh_worker.run(PROPERTIES[prop_id], target, record["case_obj"])
     if rows:
         assert isinstance(again.value, PropertyFailure)
+
+
+TWO_CLASSES = "verification.wrong_targets.two_failure_classes"
+
+
+def test_each_failure_class_gets_its_own_counterexample(tmp_path, capsys):
+    """Two planted bugs of different classes (a bf16-only final-state
+    rounding, a NaN float32 dg on some inputs) in one property's run: two
+    counterexample files, each replaying to its own class, and the
+    summary's worst row (the non-finite dg) names the dg file."""
+    import glob
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    prop = "delta_rule_gradient_parity"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "verification/test_properties.py", "--gdn-target", TWO_CLASSES,
+         "--gdn-properties", prop], capture_output=True, text=True, timeout=600, cwd=root,
+        env=dict(os.environ, GDN_PROFILE="ci", GDN_COUNTEREXAMPLES=str(tmp_path)))
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    files = {counterexamples.load(f)["failure_class"]: f
+             for f in glob.glob(str(tmp_path / "*.json"))}
+    assert sorted(files) == ["dg float32 non-finite", "final_state bfloat16 finite"], files
+    for klass, path in files.items():
+        assert replay(path, None) == 1
+        out = capsys.readouterr().out
+        assert f"STILL FAILS: {prop} [{klass}]" in out and "recorded as" not in out, out
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith(f"{prop} ")]
+    assert "dg: rel inf" in row and row.endswith(files["dg float32 non-finite"]), row
 
 
 def test_a_mutated_kernel_is_another_program_for_the_compile_cache():

@@ -131,6 +131,7 @@ class TensorError:
 
 
 NEAR_ZERO = "near-zero"
+NON_FINITE = "non-finite"
 # A row whose check could not resolve its question (its note starts so);
 # it passes, and the summary counts it.
 NOT_CHECKABLE = "not checkable"
@@ -181,7 +182,7 @@ def bounded(name, actual, expected, bound_rel: float, bound_abs: float,
     if not shape_ok:
         note = f"shape {np.shape(actual)} != {np.shape(expected)}"
     elif bad:
-        note = "non-finite"
+        note = NON_FINITE
     else:
         note = NEAR_ZERO if near_zero and rel > bound_rel else ""
     return TensorError(name, rel, max_abs, bound_rel, bound_abs, bool(passed), note)
@@ -245,3 +246,26 @@ def format_table(rows: Iterable[TensorError]) -> str:
 
 def worst(rows: List[TensorError]) -> Optional[TensorError]:
     return max(rows, key=lambda r: r.ratio) if rows else None
+
+
+def failure_class(rows: Iterable[TensorError], dtype: str) -> str:
+    """The class of one failing example: its worst failing tensor (a
+    non-finite one first), the case's input dtype, and whether the miss is
+    "non-finite", "finite" or "structural" (a row with no numeric bound),
+    e.g. "dg float32 non-finite". Failures of different classes are
+    different findings: each is shrunk, written to a counterexample file and
+    replayed on its own (harness.check_property raises a PropertyFailure
+    subclass per class, which Hypothesis tells apart). The size of a finite
+    miss is not part of the class: one bug's ratios spread over decades
+    across examples, and a split there would cut one finding in two."""
+    failing = [r for r in rows if not r.passed]
+    if not failing:
+        return "none"
+    row = max(failing, key=lambda r: (r.note == NON_FINITE, r.ratio))
+    if row.note == NON_FINITE:
+        size = NON_FINITE
+    elif row.bound_rel == 0 and row.bound_abs == 0:
+        size = "structural"
+    else:
+        size = "finite"
+    return f"{row.name} {dtype} {size}"
