@@ -60,7 +60,9 @@ class DeltaRuleCase(CaseShape):
     """One gated_delta_rule example (inputs q, k, v, g, beta, initial_state).
 
     key_norm: row norm of k (and q); beta * key_norm**2 <= 2 is a stable
-    (contractive) recurrence. gate_regime / beta_regime: see
+    (contractive) recurrence. key_cosine: the keys' mean cosine within a
+    chunk (0: independent keys; near 1: repeated keys), the geometry that
+    makes the chunk's I + tril(beta K K^T) ill-conditioned. gate_regime / beta_regime: see
     strategies.regimes. zero_rows: (which, batch, token, key head) rows of q
     or k set to exactly zero. segments: the packed layout, one row layout
     ((id, length), ...) per batch row (strategies.segments); () means
@@ -74,6 +76,7 @@ class DeltaRuleCase(CaseShape):
     beta_regime: str = "ordinary"
     key_norm: float = 1.0
     zero_rows: Tuple[Tuple[str, int, int, int], ...] = ()
+    key_cosine: float = 0.0
     segments: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
 
     @property
@@ -110,11 +113,14 @@ CASE_TYPES = {"DeltaRuleCase": DeltaRuleCase, "MixerCase": MixerCase}
 
 def case_to_json(case) -> dict:
     """Plain-JSON form: {"type": ..., "fields": {...}}. An unpacked case
-    (segments == ()) leaves "segments" out, so its JSON (and the digest of
-    its counterexample file) is what it was before packing existed."""
+    (segments == ()) leaves "segments" out, and one with independent keys
+    "key_cosine", so its JSON (and the digest of its counterexample file) is
+    what it was before either existed."""
     fields = dataclasses.asdict(case)
     if not fields["segments"]:
         del fields["segments"]
+    if not fields.get("key_cosine", 1.0):       # independent keys: the JSON of before
+        del fields["key_cosine"]
     return {"type": type(case).__name__, "fields": fields}
 
 

@@ -112,9 +112,13 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
         beta_regime=draw(st.sampled_from(beta_regimes)),
         key_norm=1.0 if stable else draw(st.sampled_from((1.6, 1.8, 2.0))),
         zero_rows=rows,
-        segments=_packed_segments(draw, packed, batch, seq_len, chunk, DELTA_CONV_WIDTH))
+        segments=_packed_segments(draw, packed, batch, seq_len, chunk, DELTA_CONV_WIDTH),
+        # drawn last: a case's earlier draws are those it had before keys were
+        # correlated (derandomized profiles keep their examples' shapes)
+        key_cosine=draw(st.sampled_from(regimes.KEY_COSINES)))
     _event_geometry(geo, seq_len)
-    event(f"gate regime {case.gate_regime}; beta regime {case.beta_regime}")
+    event(f"gate regime {case.gate_regime}; beta regime {case.beta_regime}; "
+          f"key cosine {case.key_cosine}")
     return case
 
 

@@ -22,6 +22,47 @@ def _rows_with_norm(rng, shape, norm: float) -> np.ndarray:
     return norm * x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
+def _correlated_keys(case: DeltaRuleCase, k: np.ndarray) -> np.ndarray:
+    """Keys k [B, T, Hk, Dk] (rows of norm key_norm) made to share one
+    direction per (batch row, key head, chunk): row t becomes
+    norm * unit(sqrt(c) d + sqrt(1 - c) unit(k_t)), mean in-chunk cosine
+    about c = key_cosine. The directions come from their own generator, so
+    every other input is the one the seed gives with independent keys."""
+    b, t, hk, dk = k.shape
+    chunks = -(-t // case.chunk)
+    rng = np.random.default_rng((case.seed, 1))
+    d = _rows_with_norm(rng, (b, chunks, hk, dk), 1.0)
+    d = np.repeat(d, case.chunk, axis=1)[:, :t]
+    c = case.key_cosine
+    mixed = np.sqrt(c) * d + np.sqrt(1.0 - c) * k / case.key_norm
+    return case.key_norm * mixed / np.linalg.norm(mixed, axis=-1, keepdims=True)
+
+
+def chunk_geometry(case: DeltaRuleCase):
+    """(largest mean key cosine, largest 2-norm condition number of the chunk
+    matrix I + strict_lower(diag(beta) K K^T * exp(G_i - G_j))) over the
+    case's chunks of at least two tokens, batch rows and heads, from its
+    inputs: how hard the chunk's triangular inverse is (coverage measures;
+    numpy, float64)."""
+    x = delta_rule_inputs(case)
+    k = np.repeat(x["k"].astype(np.float64), case.group, axis=2)
+    g, beta = x["g"].astype(np.float64), x["beta"].astype(np.float64)
+    cosine, condition = 0.0, 1.0
+    for start in range(0, case.seq_len - 1, case.chunk):
+        sl = slice(start, min(start + case.chunk, case.seq_len))
+        kc, gc, bc = k[:, sl], np.cumsum(g[:, sl], axis=1), beta[:, sl]
+        for b in range(case.batch):
+            for h in range(case.v_heads):
+                unit = kc[b, :, h] / np.maximum(np.linalg.norm(kc[b, :, h], axis=-1,
+                                                               keepdims=True), 1e-30)
+                n = len(unit)
+                cosine = max(cosine, float(((unit @ unit.T).sum() - n) / (n * (n - 1))))
+                decay = np.exp(np.minimum(gc[b, :, h, None] - gc[b, None, :, h], 0.0))
+                a = np.tril(bc[b, :, h, None] * (kc[b, :, h] @ kc[b, :, h].T) * decay, -1)
+                condition = max(condition, float(np.linalg.cond(np.eye(n) + a)))
+    return cosine, condition
+
+
 def delta_rule_inputs(case: DeltaRuleCase) -> dict:
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
     initial_state [B, Hv, Dk, Dv] or None. q, k rows have norm key_norm."""
@@ -29,6 +70,8 @@ def delta_rule_inputs(case: DeltaRuleCase) -> dict:
     b, t, hk, hv = case.batch, case.seq_len, case.k_heads, case.v_heads
     q = _rows_with_norm(rng, (b, t, hk, case.dk), 1.0)
     k = _rows_with_norm(rng, (b, t, hk, case.dk), case.key_norm)
+    if case.key_cosine:
+        k = _correlated_keys(case, k)
     for which, bi, ti, hi in case.zero_rows:
         (q if which == "q" else k)[bi, ti, hi] = 0.0
     v = rng.standard_normal((b, t, hv, case.dv))

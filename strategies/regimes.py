@@ -7,6 +7,12 @@ gate_regime:
   strong_decay  g about -70 (exp(g) underflows)
   large_a_log   a_log about 5 (exp(a_log) ~ 150): fast decay through the gate
   mixed         a per-token mix of the above
+key_cosine (gated_delta_rule): the keys' mean cosine within a chunk
+  0             independent keys (cosine about 1/sqrt(Dk))
+  0.5, 0.9      keys sharing a direction, as real keys do
+  0.99          near-repeated keys: with beta near 1 and weak decay the
+                chunk's I + tril(beta K K^T) is badly conditioned (a series
+                inverse of it fails in float32; a triangular solve does not)
 beta_regime:
   ordinary      beta in (0.05, 0.95)
   zero          beta -> 0 (about 1e-13)
@@ -20,6 +26,8 @@ import numpy as np
 
 GATE_REGIMES = ("ordinary", "no_decay", "strong_decay", "large_a_log", "mixed")
 BETA_REGIMES = ("ordinary", "zero", "one", "mixed")
+# independent keys half the time, the correlated regimes the other half
+KEY_COSINES = (0.0, 0.0, 0.0, 0.5, 0.9, 0.99)
 
 STRONG_DECAY = -70.0
 LARGE_A_LOG = 5.0

@@ -91,6 +91,21 @@ _ALL = [
            "    t21 = _dot(t22, _dot(a[h:, :h], t11))",
            ("delta_rule_forward_parity", "chunk_size_invariance"),
            function="invert_unit_lower"),
+    Mutant("inverse_by_squared_neumann_series",
+           "the chunk's (I + A)^-1 computed as the squared Neumann series "
+           "(I - A)(I + A^2)(I + A^4)...: exact in exact arithmetic, its terms grow "
+           "binomially and cancel in float32 when a chunk's keys share a direction",
+           "chunk_math.py",
+           "    n = a.shape[0]\n"
+           "    if n <= INVERSE_BLOCK:\n"
+           "        return _invert_by_doubling(a)\n",
+           "    n = a.shape[0]\n"
+           "    t, p = jnp.eye(n, dtype=a.dtype) - a, _dot(a, a)\n"
+           "    for _ in range(max(1, (n - 1).bit_length())):\n"
+           "        t, p = t + _dot(t, p), _dot(p, p)\n"
+           "    return t\n",
+           ("delta_rule_forward_parity", "mixer_forward_parity"),
+           function="invert_unit_lower"),
     Mutant("gva_dq_dk_not_summed",
            "dq/dk of a key head taken from its first value head instead of summed over the G heads",
            "xla_impl.py",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from strategies import delta_rule_cases, mixer_cases
+from strategies.inputs import chunk_geometry
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from ..registry import prop
@@ -31,6 +32,11 @@ DELTA_COVERS = {
     "beta ~ 0": lambda c: c.beta_regime == "zero",
     "zero q/k row": lambda c: bool(c.zero_rows),
     "initial state": lambda c: c.has_initial_state,
+    # the keys' geometry, measured on the inputs (cheap cases tried first)
+    "mean in-chunk key cosine >= 0.9": lambda c: (c.key_cosine >= 0.9 and c.seq_len >= 16
+                                                  and chunk_geometry(c)[0] >= 0.9),
+    "chunk matrix condition >= 50": lambda c: (c.key_cosine >= 0.5 and c.seq_len >= 16
+                                               and chunk_geometry(c)[1] >= 50),
 }
 MIXER_COVERS = {
     "T=1": lambda c: c.seq_len == 1,
