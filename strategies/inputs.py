@@ -38,6 +38,19 @@ def _correlated_keys(case: DeltaRuleCase, k: np.ndarray) -> np.ndarray:
     return case.key_norm * mixed / np.linalg.norm(mixed, axis=-1, keepdims=True)
 
 
+def deepest_chunk_log_decay(case: DeltaRuleCase) -> float:
+    """The most negative cumulative log-decay G_i - G_j (j <= i) reached
+    within one chunk of the case's g [B, T, Hv] (float64): below about -88
+    exp() of it underflows in float32, and a kernel that forms
+    exp(G_i - G_j) on the masked half overflows there (coverage measure)."""
+    g = delta_rule_inputs(case)["g"].astype(np.float64)
+    deepest = 0.0
+    for start in range(0, case.seq_len, case.chunk):
+        total = np.cumsum(g[:, start:start + case.chunk], axis=1)
+        deepest = min(deepest, float(np.min(total)))   # from the state entering the chunk
+    return deepest
+
+
 def chunk_geometry(case: DeltaRuleCase):
     """(largest mean key cosine, largest 2-norm condition number of the chunk
     matrix I + strict_lower(diag(beta) K K^T * exp(G_i - G_j))) over the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from strategies import delta_rule_cases, mixer_cases
-from strategies.inputs import chunk_geometry
+from strategies.inputs import chunk_geometry, deepest_chunk_log_decay
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from ..registry import prop
@@ -37,6 +37,10 @@ DELTA_COVERS = {
                                                   and chunk_geometry(c)[0] >= 0.9),
     "chunk matrix condition >= 50": lambda c: (c.key_cosine >= 0.5 and c.seq_len >= 16
                                                and chunk_geometry(c)[1] >= 50),
+    # overflow of exp(G_i - G_j) on a chunk's masked half, with a state coming in
+    "in-chunk log-decay < -1000, initial state": lambda c: (
+        c.has_initial_state and c.gate_regime != "no_decay"
+        and deepest_chunk_log_decay(c) < -1000.0),
 }
 MIXER_COVERS = {
     "T=1": lambda c: c.seq_len == 1,
