@@ -25,6 +25,13 @@ from typing import Dict, List, Sequence, Tuple
 from .shapes import LATTICE_LAYOUTS, LAYOUTS
 
 CHUNK_SIZES = (16, 32, 64)
+# The contract's largest chunk size, the one field kernels default to: not a
+# knob of the all-pairs rows (it would double them), but a few rows of its
+# own appended after them (FIELD_CHUNK_ROWS), crossing the lengths where a
+# large chunk matters: one nearly full chunk (the largest chunk matrix and
+# its triangular inverse), and a full chunk with a tail. 256 lies outside
+# the contract (16..128) and is not drawn.
+FIELD_CHUNK = 128
 BATCHES = (1, 2)
 CONV_WIDTHS = (4, 2)
 
@@ -174,13 +181,33 @@ DELTA_KNOBS = {
 }
 
 
+_F32, _BF16_F32, _BF16 = DTYPE_PAIRS
+_PLAIN, _GVA2, _GVA2_2KEYS, _GVA4, _DV24 = HEAD_LAYOUTS
+
+# Rows at FIELD_CHUNK, in knob order (each knob's value from its table).
+MIXER_FIELD_CHUNK_ROWS = (
+    (FIELD_CHUNK, "C-1", _PLAIN, 2, 4, _F32, "[B,Hv]", "[Hv]", True),
+    (FIELD_CHUNK, "C+1", _GVA4, 1, 2, _BF16_F32, "[Hv]", "[1,T,Hv]", False),
+    (FIELD_CHUNK, "2C+1", _GVA2_2KEYS, 2, 4, _BF16, "[B,T,Hv]", "[B,1,Hv]", True),
+)
+DELTA_FIELD_CHUNK_ROWS = (
+    (FIELD_CHUNK, "C-1", _PLAIN, 1, _F32, True),
+    (FIELD_CHUNK, "C+1", _GVA2, 2, _BF16_F32, False),
+    (FIELD_CHUNK, "2C+1", _DV24, 1, _BF16, True),
+)
+
+
 @functools.lru_cache(maxsize=None)
 def mixer_geometries() -> Tuple[Tuple, ...]:
-    """The mixer lattice: tuples in MIXER_KNOBS order."""
-    return tuple(tuple(r[n] for n in MIXER_KNOBS) for r in all_pairs(MIXER_KNOBS))
+    """The mixer lattice: tuples in MIXER_KNOBS order (the all-pairs rows,
+    then the FIELD_CHUNK rows)."""
+    return tuple(tuple(r[n] for n in MIXER_KNOBS)
+                 for r in all_pairs(MIXER_KNOBS)) + MIXER_FIELD_CHUNK_ROWS
 
 
 @functools.lru_cache(maxsize=None)
 def delta_geometries() -> Tuple[Tuple, ...]:
-    """The gated_delta_rule lattice: tuples in DELTA_KNOBS order."""
-    return tuple(tuple(r[n] for n in DELTA_KNOBS) for r in all_pairs(DELTA_KNOBS))
+    """The gated_delta_rule lattice: tuples in DELTA_KNOBS order (the
+    all-pairs rows, then the FIELD_CHUNK rows)."""
+    return tuple(tuple(r[n] for n in DELTA_KNOBS)
+                 for r in all_pairs(DELTA_KNOBS)) + DELTA_FIELD_CHUNK_ROWS

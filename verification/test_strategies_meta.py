@@ -39,14 +39,15 @@ def test_delta_lattice_covers_every_pair_of_knob_values():
 
 def test_the_dev_covering_holds_every_knob_value_in_a_few_rows():
     """The dev profile's compile budget: every value of every knob (each
-    boundary length, layout, dtype pair, parameter rank) in <= 10 rows."""
+    boundary length, layout, dtype pair, parameter rank, and the field chunk
+    size 128 of the rows appended to the all-pairs rows) in <= 11 rows."""
     for knobs, rows in ((lattice.MIXER_KNOBS, lattice.mixer_geometries()),
                         (lattice.DELTA_KNOBS, lattice.delta_geometries())):
         names = tuple(knobs)
         dev = lattice.covering(rows, names, lattice.PROFILE_COVERING["dev"])
-        assert dev[0] == rows[0] and set(dev) <= set(rows) and len(dev) <= 10
+        assert dev[0] == rows[0] and set(dev) <= set(rows) and len(dev) <= 11
         for i, name in enumerate(names):
-            assert {r[i] for r in dev} == set(knobs[name]), name
+            assert {r[i] for r in dev} == {r[i] for r in rows} >= set(knobs[name]), name
             meaningful = lattice.MEANINGFUL.get(name, lambda row: True)
 
             def where_meaningful(some_rows):

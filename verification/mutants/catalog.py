@@ -106,6 +106,22 @@ _ALL = [
            "    return t\n",
            ("delta_rule_forward_parity", "mixer_forward_parity"),
            function="invert_unit_lower"),
+    Mutant("inverse_by_power_series_64",
+           "the chunk's (I + A)^-1 computed as the power series I - A + A^2 - ... "
+           "truncated after A^63: exact for chunks of up to 64 rows (A is nilpotent), "
+           "wrong at chunk 128, where field kernels default",
+           "chunk_math.py",
+           "    n = a.shape[0]\n"
+           "    if n <= INVERSE_BLOCK:\n"
+           "        return _invert_by_doubling(a)\n",
+           "    n = a.shape[0]\n"
+           "    eye = jnp.eye(n, dtype=a.dtype)\n"
+           "    t = eye\n"
+           "    for _ in range(min(n, 64) - 1):\n"
+           "        t = eye - _dot(a, t)\n"
+           "    return t\n",
+           ("delta_rule_forward_parity", "mixer_forward_parity"),
+           function="invert_unit_lower"),
     Mutant("gva_dq_dk_not_summed",
            "dq/dk of a key head taken from its first value head instead of summed over the G heads",
            "xla_impl.py",

@@ -17,6 +17,13 @@ STRONG_DECAY_T15 = DeltaRuleCase(batch=1, seq_len=15, k_heads=1, group=1, dk=16,
                                  chunk=16, dtype="float32", state_dtype="float32", seed=0,
                                  has_initial_state=False, gate_regime="strong_decay")
 LARGE_A_LOG_T15 = dataclasses.replace(STRONG_DECAY_T15, gate_regime="large_a_log")
+# One nearly full chunk of 128 (lattice.DELTA_FIELD_CHUNK_ROWS' first row):
+# near-repeated keys, beta one, no decay: the chunk matrix's powers are as
+# large as they get, so an inverse that is exact only up to 64 rows (a power
+# series truncated there) is caught in every profile.
+REPEATED_KEYS_C128 = dataclasses.replace(
+    STRONG_DECAY_T15, seq_len=127, chunk=128, has_initial_state=True, gate_regime="no_decay",
+    beta_regime="one", key_cosine=0.99, seed=5)
 MIXER_LARGE_A_LOG_T15 = MixerCase(batch=2, seq_len=15, k_heads=1, group=1, dk=16, dv=16,
                                   chunk=16, conv_width=4, dtype="float32",
                                   param_dtype="float32", a_log_shape=(1,), dt_bias_shape=(1,),
@@ -32,6 +39,7 @@ DELTA_COVERS = {
     "beta ~ 0": lambda c: c.beta_regime == "zero",
     "zero q/k row": lambda c: bool(c.zero_rows),
     "initial state": lambda c: c.has_initial_state,
+    "C=128": lambda c: c.chunk == 128,
     # the keys' geometry, measured on the inputs (cheap cases tried first)
     "mean in-chunk key cosine >= 0.9": lambda c: (c.key_cosine >= 0.9 and c.seq_len >= 16
                                                   and chunk_geometry(c)[0] >= 0.9),
@@ -53,6 +61,7 @@ MIXER_COVERS = {
     "large a_log": lambda c: c.gate_regime == "large_a_log",
     "no qk norm": lambda c: not c.use_qk_norm,
     "near-zero row": lambda c: bool(c.near_zero),
+    "C=128": lambda c: c.chunk == 128,
 }
 
 
@@ -65,7 +74,7 @@ def mixer_forward_parity(target, case: MixerCase):
 
 @prop("delta_rule_forward_parity", family="parity", strategy=delta_rule_cases(),
       wrong_target="gdn_mutant_no_decay_between_chunks:xla",
-      examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15), covers=DELTA_COVERS)
+      examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15, REPEATED_KEYS_C128), covers=DELTA_COVERS)
 def delta_rule_forward_parity(target, case: DeltaRuleCase):
     """gated_delta_rule output and final state match the float64 oracle."""
     return parity_rows(target, case, with_grads=False)
