@@ -4,6 +4,8 @@ ml_dtypes, as shipped with jax)."""
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 
@@ -51,6 +53,7 @@ def deepest_chunk_log_decay(case: DeltaRuleCase) -> float:
     return deepest
 
 
+@functools.lru_cache(maxsize=256)      # two coverage claims read it per case
 def chunk_geometry(case: DeltaRuleCase):
     """(largest mean key cosine, largest 2-norm condition number of the chunk
     matrix I + strict_lower(diag(beta) K K^T * exp(G_i - G_j))) over the

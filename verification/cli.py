@@ -179,7 +179,7 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
     from .properties import load_all
     from .registry import PropertyFailure
     from .targets import Target, TargetError
-    from .tolerance import failure_class, format_table
+    from .tolerance import failure_class, format_table, raised_class
     spec = target or record["target"]
     try:
         if module:
@@ -202,7 +202,7 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
               + ("" if recorded == klass else f" (recorded as [{recorded}])"))
         return 1
     except Exception as err:  # noqa: BLE001 - a crash is a failure too
-        print(f"STILL FAILS: {record['property']} [raised {type(err).__name__}]: {err}")
+        print(f"STILL FAILS: {record['property']} [{raised_class(err)}]: {err}")
         return 1
     print(format_table(rows))
     reason = prop.not_checkable(resolved, record["case_obj"])

@@ -29,7 +29,7 @@ from strategies.cases import MixerCase
 from . import known_failures, mesh_worker, runners
 from .registry import Property, PropertyFailure, classed, is_not_checkable, not_checkable_row
 from .properties import load_all
-from .tolerance import TensorError, failure_class
+from .tolerance import TensorError, failure_class, raised_class
 
 MARKER = "gdn_property"
 
@@ -166,7 +166,7 @@ def check_property(name: str, target, case, record: bool = True,
     except Exception as err:
         stats.failures += 1
         stats.first_failure_at = stats.first_failure_at or stats.examples + 1
-        klass = f"raised {type(err).__name__}"
+        klass = raised_class(err)
         stats.add_failure(klass, math.inf)
         session().last_failure[(name, klass)] = (case, target, [])
         raise

@@ -118,16 +118,10 @@ def test_each_failure_class_gets_its_own_counterexample(tmp_path, capsys):
     counterexample files, each replaying to its own class, and the
     summary's worst row (the non-finite dg) names the dg file."""
     import glob
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from .test_declared_targets import _pytest
     prop = "delta_rule_gradient_parity"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "verification/test_properties.py", "--gdn-target", TWO_CLASSES,
-         "--gdn-properties", prop], capture_output=True, text=True, timeout=600, cwd=root,
-        env=dict(os.environ, GDN_PROFILE="ci", GDN_COUNTEREXAMPLES=str(tmp_path)))
+    proc = _pytest("--gdn-target", TWO_CLASSES, "--gdn-properties", prop,
+                   env={"GDN_COUNTEREXAMPLES": str(tmp_path)})
     assert proc.returncode == 1, proc.stdout[-3000:]
     files = {counterexamples.load(f)["failure_class"]: f
              for f in glob.glob(str(tmp_path / "*.json"))}

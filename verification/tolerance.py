@@ -248,6 +248,11 @@ def worst(rows: List[TensorError]) -> Optional[TensorError]:
     return max(rows, key=lambda r: r.ratio) if rows else None
 
 
+def raised_class(err: BaseException) -> str:
+    """The failure class of a check that raised instead of giving rows."""
+    return f"raised {type(err).__name__}"
+
+
 def failure_class(rows: Iterable[TensorError], dtype: str) -> str:
     """The class of one failing example: its worst failing tensor (a
     non-finite one first), the case's input dtype, and whether the miss is
