@@ -18,6 +18,8 @@ With a carried `state` (docs/contract.md section 7) the mixer's conv reads
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -33,24 +35,52 @@ def compute_dtype(*arrays):
     return jnp.dtype(jnp.float32)
 
 
-def _delta_step(s, q_t, k_t, v_t, g_t, b_t, scale):
+class Rounding(NamedTuple):
+    """A rounding model of a kernel that computes below the compute dtype
+    (verification.tolerance.PRECISIONS): products: the dtype every
+    product's operands and result are rounded to (None: not rounded);
+    state: the dtype the state is rounded to after each update (None: kept
+    in the compute dtype). Rounding is a cast there and back, so autodiff
+    rounds the cotangents at the same places (a kernel whose backward
+    computes in the same precision). The default rounds nothing: the oracle."""
+    products: Optional[str] = None
+    state: Optional[str] = None
+
+
+EXACT = Rounding()
+
+
+def _rounder(dtype: Optional[str]):
+    """x -> x rounded to dtype and back (identity for None)."""
+    if dtype is None:
+        return lambda x: x
+    return lambda x: x.astype(dtype).astype(x.dtype)
+
+
+def _delta_step(s, q_t, k_t, v_t, g_t, b_t, scale, rounding=EXACT):
     """One token of the recurrence. s [B, H, Dk, Dv]; q_t, k_t [B, H, Dk];
-    v_t [B, H, Dv]; g_t, b_t [B, H]. Returns (S_t, o_t [B, H, Dv])."""
-    s = jnp.exp(g_t)[..., None, None] * s
-    pred = jnp.einsum("bhkv,bhk->bhv", s, k_t, precision="highest")
-    s = s + jnp.einsum("bhk,bhv->bhkv", k_t, b_t[..., None] * (v_t - pred),
-                       precision="highest")
-    o_t = scale * jnp.einsum("bhkv,bhk->bhv", s, q_t, precision="highest")
+    v_t [B, H, Dv]; g_t, b_t [B, H]. Returns (S_t, o_t [B, H, Dv]).
+    rounding: where a lower-precision kernel rounds (Rounding)."""
+    p, st = _rounder(rounding.products), _rounder(rounding.state)
+    q_t, k_t, v_t = p(q_t), p(k_t), p(v_t)
+    s = st(jnp.exp(g_t)[..., None, None] * s)
+    pred = p(jnp.einsum("bhkv,bhk->bhv", p(s), k_t, precision="highest"))
+    s = st(s + p(jnp.einsum("bhk,bhv->bhkv", k_t, p(b_t[..., None] * (v_t - pred)),
+                            precision="highest")))
+    o_t = p(scale * jnp.einsum("bhkv,bhk->bhv", p(s), q_t, precision="highest"))
     return s, o_t
 
 
-def token_scan(q, k, v, g, beta, scale, initial_state=None, segment_ids=None):
+def token_scan(q, k, v, g, beta, scale, initial_state=None, segment_ids=None,
+               rounding=EXACT):
     """The contract's recurrence, one token at a time.
 
     q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
     initial_state [B, Hv, Dk, Dv] or None; segment_ids [B, T] integer or None
-    (docs/contract.md section 6; may be traced). Returns (o [B, T, Hv, Dv] in
-    v's dtype, final_state [B, Hv, Dk, Dv] in the compute dtype).
+    (docs/contract.md section 6; may be traced); rounding: a lower-precision
+    kernel's rounding model (Rounding; default none). Returns
+    (o [B, T, Hv, Dv] in v's dtype, final_state [B, Hv, Dk, Dv] in the
+    compute dtype).
     """
     dt = compute_dtype(q, k, v, g, beta, initial_state)
     b, _, hk, dk = q.shape
@@ -67,10 +97,10 @@ def token_scan(q, k, v, g, beta, scale, initial_state=None, segment_ids=None):
 
     if segment_ids is None:
         def step(s, x):
-            return _delta_step(s, *x, scale)       # x: q_t, k_t, v_t, g_t, b_t
+            return _delta_step(s, *x, scale, rounding)   # x: q_t, k_t, v_t, g_t, b_t
         s_final, o = lax.scan(step, s0, xs)
     else:
-        s_final, o = _segment_token_scan(xs, s0, segment_ids, scale)
+        s_final, o = _segment_token_scan(xs, s0, segment_ids, scale, rounding)
     return jnp.moveaxis(o, 0, 1).astype(v.dtype), s_final
 
 
@@ -100,7 +130,7 @@ def _segment_flags(id_t, last_id):
     return is_doc, starts_new
 
 
-def _segment_token_scan(xs, s0, segment_ids, scale):
+def _segment_token_scan(xs, s0, segment_ids, scale, rounding=EXACT):
     """token_scan's loop under segment_ids. xs: time-major (q, k, v, g, beta)
     with heads repeated; s0 [B, H, Dk, Dv]; segment_ids [B, T].
     Returns (final state, o [T, B, H, Dv])."""
@@ -111,7 +141,7 @@ def _segment_token_scan(xs, s0, segment_ids, scale):
         *tok, id_t = x
         is_doc, starts_new = _segment_flags(id_t, last_id)
         tok = [_keep_rows(is_doc, t) for t in tok]
-        s_new, o_t = _delta_step(_keep_rows(~starts_new, s), *tok, scale)
+        s_new, o_t = _delta_step(_keep_rows(~starts_new, s), *tok, scale, rounding)
         carry = (jnp.where(_rows(is_doc, s), s_new, s), jnp.where(is_doc, id_t, last_id))
         return carry, _keep_rows(is_doc, o_t)
 
@@ -150,14 +180,15 @@ def _conv1d_silu_valid(x, weight):
 def reference_mixer(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
                     num_v_heads, head_k_dim, head_v_dim, use_qk_norm, eps,
                     scale, chunk_size=None, segment_ids=None, state=None,
-                    return_state=False):
+                    return_state=False, rounding=EXACT):
     """gdn_decoupled_conv1d by the contract's semantics: the layer
     (reference_layer), then the token scan.
 
     x [B, T, C]; conv_weight [K, C]; a, b [B, T, Hv]; a_log, dt_bias [Hv],
     [B', Hv] or [B', T', Hv]; segment_ids [B, T] integer or None (section 6;
     may be traced); state GDNState(conv [B, K-1, C], recurrent
-    [B, Hv, Dk, Dv]) or None for zeros (section 7). Returns o [B, T, Hv, Dv]
+    [B, Hv, Dk, Dv]) or None for zeros (section 7); rounding: the
+    recurrence's rounding model (Rounding). Returns o [B, T, Hv, Dv]
     in x's dtype; with return_state, (o, GDNState(conv [B, K-1, C] in x's
     dtype, recurrent [B, Hv, Dk, Dv] in the compute dtype)).
     """
@@ -170,7 +201,7 @@ def reference_mixer(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads,
         use_qk_norm=use_qk_norm, eps=eps, segment_ids=segment_ids, conv_state=conv0,
         dtype=dt)
     s0 = None if state is None else rec0.astype(dt)
-    o, s_final = token_scan(q, k, v, g, beta, scale, s0, segment_ids)
+    o, s_final = token_scan(q, k, v, g, beta, scale, s0, segment_ids, rounding)
     o = o.astype(x.dtype)
     if not return_state:
         return o

@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Tuple
 
+from .tolerance import CONTRACT_PRECISION, PRECISIONS
+
 # The module attribute a target exports its declaration under.
 DECLARATION_ATTR = "GDN_KERNEL"
 
@@ -54,6 +56,15 @@ class Supports:
                      (a mixer built on such a core; None: any)
     saturated_beta:  beta exactly 1 (a convention of beta as a logit cannot
                      carry it)
+    compute_precision: how the kernel computes its bfloat16-input cases, a
+                     verification.tolerance.PRECISIONS key: "float32" (the
+                     contract), "bfloat16" (bfloat16 products, float32
+                     state) or "bfloat16-state" (the state in bfloat16 too).
+                     Its cases are judged against a reference under that
+                     precision's rounding model; where the contract's
+                     float32 bound is missed but the declared one holds, the
+                     summary lists a deviation row (not a failure).
+                     float32-input cases are always held to the contract.
     """
     dtypes: Tuple[str, ...] = CONTRACT_DTYPES
     segment_ids: bool = True
@@ -67,6 +78,7 @@ class Supports:
     core_qk_norm: Optional[float] = None
     mixer_qk_norm: Optional[float] = None
     saturated_beta: bool = True
+    compute_precision: str = CONTRACT_PRECISION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +113,10 @@ class KernelDeclaration:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"KernelDeclaration: {name} must be callable or None")
+        if self.supports.compute_precision not in PRECISIONS:
+            raise ValueError(f"KernelDeclaration: supports.compute_precision "
+                             f"{self.supports.compute_precision!r} is not one of "
+                             f"{sorted(PRECISIONS)}")
         unknown = set(self.supports.dtypes) - set(CONTRACT_DTYPES)
         if unknown:
             raise ValueError(f"KernelDeclaration: supports.dtypes {sorted(unknown)} are not "
@@ -206,6 +222,14 @@ def check_needs(needs) -> None:
     unknown = [n for n in needs if n not in NEEDS]
     if unknown:
         raise ValueError(f"unknown need(s) {unknown}; known: {sorted(NEEDS)}")
+
+
+def precision_of(declaration: KernelDeclaration, case) -> str:
+    """The precision a case is judged at: the declared compute precision
+    for a bfloat16-input case, else the contract's."""
+    if getattr(case, "dtype", None) == "bfloat16":
+        return declaration.supports.compute_precision
+    return CONTRACT_PRECISION
 
 
 def case_needs(case) -> Tuple[str, ...]:

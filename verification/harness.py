@@ -64,6 +64,14 @@ class PropertyStats:
     # failure class (tolerance.failure_class) -> {"examples", "worst" (ratio),
     # "file" (its counterexample, once written)}
     classes: Dict[str, dict] = dataclasses.field(default_factory=dict)
+    # tensor -> {"examples", "worst"}: rows that held only at the target's
+    # declared precision (tolerance.DEVIATES), worst = ratio at the contract's bound
+    deviations: Dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    def add_deviation(self, tensor: str, ratio: float, examples: int = 1) -> None:
+        d = self.deviations.setdefault(tensor, {"examples": 0, "worst": 0.0})
+        d["examples"] += examples
+        d["worst"] = max(d["worst"], ratio)
 
     def add_failure(self, failure_class: str, ratio: float, examples: int = 1,
                     file: str = "") -> None:
@@ -153,6 +161,7 @@ def check_property(name: str, target, case, record: bool = True,
         failing = [r for r in err.rows if not r.passed]
         covered = known_failures.covering(session().options.known, name, failing) if record else None
         _update_worst(stats, err.rows)
+        _count_deviations(stats, err.rows)
         if covered:
             stats.known_failures += 1
             session().known_hits.setdefault(name, set()).update(e.label for e in covered)
@@ -178,11 +187,28 @@ def check_property(name: str, target, case, record: bool = True,
         stats.compiles += runners.compile_count() - c0
         stats.compile_s += runners.compile_seconds() - s0
     _update_worst(stats, rows)
+    _count_deviations(stats, rows)
     unresolved = [r for r in rows if is_not_checkable(r)]
     if unresolved:
         stats.unresolved += 1
         _add_reason(stats, unresolved[0].note.split(";")[0].split(": ", 1)[-1])
     return rows
+
+
+def tensor_of(row: TensorError) -> str:
+    """The tensor a row is about: its name's first word ("final_state
+    (prompt + decode)" -> "final_state")."""
+    return row.name.split()[0]
+
+
+def _count_deviations(stats: PropertyStats, rows: List[TensorError]) -> None:
+    """One example's deviation rows, one count per tensor."""
+    deviating = {}
+    for r in rows:
+        if r.deviation:
+            deviating[tensor_of(r)] = max(deviating.get(tensor_of(r), 0.0), r.deviation)
+    for tensor, ratio in deviating.items():
+        stats.add_deviation(tensor, ratio)
 
 
 def _update_worst(stats: PropertyStats, rows: List[TensorError]) -> None:
@@ -299,7 +325,8 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
                    "mixer_examples": st.mixer_examples,
                    "reasons": dict(st.reasons),
                    "worst": [dataclasses.asdict(r) for r in st.worst.values()],
-                   "classes": {k: dict(c) for k, c in st.classes.items()}}
+                   "classes": {k: dict(c) for k, c in st.classes.items()},
+                   "deviations": {k: dict(d) for k, d in st.deviations.items()}}
             for name, st in (session().stats if stats is None else stats).items()}
 
 
@@ -328,5 +355,7 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         if order.index(verdict if verdict in order else "") > order.index(st.verdict):
             st.verdict = verdict
         _update_worst(st, [TensorError(**r) for r in d.get("worst", ())])
+        for tensor, dev in d.get("deviations", {}).items():
+            st.add_deviation(tensor, dev["worst"], dev["examples"])
         for klass, c in d.get("classes", {}).items():
             st.add_failure(klass, c["worst"], c["examples"], c["file"])

@@ -25,8 +25,9 @@ from typing import Dict, List
 from strategies.cases import case_from_json, case_to_json
 
 from . import runners
+from .declaration import precision_of
 from .registry import conclude, not_checkable_row
-from .tolerance import TensorError
+from .tolerance import TensorError, declared_precision
 
 _WORKERS: Dict[int, subprocess.Popen] = {}
 
@@ -56,9 +57,16 @@ def check(prop, target, case) -> List[TensorError]:
     import jax
     needed = devices_needed(prop, target)
     if needed <= jax.device_count():
-        return prop.check(target, target.fit(case))
+        return check_here(prop, target, target.fit(case))
     return _ask(needed, {"property": prop.id, "target": target.spec,
                          "case": case_to_json(case)})
+
+
+def check_here(prop, target, case) -> List[TensorError]:
+    """prop's check on case in this process, judged at the precision the
+    target declares for it (tolerance.declared_precision)."""
+    with declared_precision(precision_of(target.declaration, case)):
+        return prop.check(target, case)
 
 
 def _worker(devices: int) -> subprocess.Popen:
@@ -113,7 +121,7 @@ def _serve() -> None:
         try:
             target = Target.parse(request["target"])
             case = target.fit(case_from_json(request["case"]))
-            rows = properties[request["property"]].check(target, case)
+            rows = check_here(properties[request["property"]], target, case)
             answer = {"rows": [dataclasses.asdict(r) for r in rows]}
         except Exception as err:  # noqa: BLE001 - sent back, raised by the caller
             answer = {"error": f"{type(err).__name__}: {err}"}

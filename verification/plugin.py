@@ -378,6 +378,7 @@ def summary_lines(suite: Suite):
         lines.append(f"{name:<42}{st.verdict or '-':>14}{st.examples:>9}{st.not_checkable:>5}"
                      f"{st.failures:>5}{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
         lines += failure_class_lines(st)
+    lines += deviation_lines(suite.target.declaration, suite.session.stats)
     lines.append(projection_line(list(suite.test_seconds.values()), "test-session"))
     lines += verdict_lines(suite, suite.session.stats)
     return lines
@@ -402,9 +403,40 @@ def failure_class_lines(st) -> list:
             for k in order]
 
 
+def deviation_lines(declaration, stats) -> list:
+    """The tensors that held only at the target's declared compute precision,
+    one row per tensor over every property: how far beyond the contract's
+    float32 bound they went, in how many examples, and where."""
+    from .tolerance import PRECISIONS
+    tensors = {}
+    for name, st in stats.items():
+        for tensor, d in st.deviations.items():
+            row = tensors.setdefault(tensor, {"examples": 0, "worst": 0.0, "properties": []})
+            row["examples"] += d["examples"]
+            row["worst"] = max(row["worst"], d["worst"])
+            row["properties"].append(name)
+    if not tensors:
+        return []
+    declared = PRECISIONS[declaration.supports.compute_precision]
+    lines = ["", f"deviates from the contract's float32 state and accumulation, within the "
+                 f"declared compute precision {declared.name!r} ({declared.model}):",
+             f"    {'tensor':<16}{'x contract bound':>18}{'examples':>10}  properties"]
+    for tensor in sorted(tensors, key=lambda t: -tensors[t]["worst"]):
+        row = tensors[tensor]
+        lines.append(f"    {tensor:<16}{row['worst']:>18.3g}{row['examples']:>10}  "
+                     f"{', '.join(sorted(row['properties']))}")
+    return lines
+
+
+def deviating_tensors(stats) -> list:
+    """The tensors with a deviation row in any property, sorted."""
+    return sorted({t for st in stats.values() for t in st.deviations})
+
+
 def verdict_lines(suite: Suite, stats) -> list:
     """The summary's last lines: what was verified, on what, said plainly."""
     from . import harness
+    from .tolerance import CONTRACT_PRECISION
     by = {}
     for name, st in stats.items():
         by.setdefault(st.verdict or "-", []).append(name)
@@ -417,7 +449,14 @@ def verdict_lines(suite: Suite, stats) -> list:
              + f", {time.perf_counter() - suite.start:.0f} s"]
     lines += [f"  adapter: {line}" for line in suite.target.declaration.conventions]
     held = by.get(harness.HELD, [])
-    lines.append(f"  held on the target: {len(held)} properties")
+    precision = suite.target.declaration.supports.compute_precision
+    lines.append(f"  held on the target: {len(held)} properties"
+                 + (f" (bfloat16 cases within its declared compute precision {precision!r})"
+                    if precision != CONTRACT_PRECISION else ""))
+    deviating = deviating_tensors(stats)
+    if deviating:
+        lines.append(f"  deviates from the contract's float32 (not failures): "
+                     f"{', '.join(deviating)}")
     nc = by.get(harness.NOT_CHECKABLE, [])
     partly = sum(st.not_checkable for n, st in stats.items() if n not in nc)
     lines.append(f"  not checkable: {len(nc)} properties"

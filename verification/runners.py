@@ -14,11 +14,13 @@ import numpy as np
 
 from gdn_kernels import GDNState
 from gdn_kernels import api as reference_api
+from gdn_kernels import reference
 from gdn_kernels.interpret import resolved_mode
 from strategies import cotangent, delta_rule_inputs, mixer_inputs, segment_ids_of
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from .targets import Target
+from .tolerance import CONTRACT_PRECISION, PRECISIONS
 
 DELTA_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
 MIXER_INPUTS = ("x", "conv_weight", "a", "b", "a_log", "dt_bias")
@@ -194,6 +196,35 @@ def _oracle_fn(op: str):
 _ORACLE_FNS = {"delta": _oracle_fn("delta"), "mixer": _oracle_fn("mixer")}
 
 
+@functools.lru_cache(maxsize=None)
+def reference_fn(op: str, precision: str = CONTRACT_PRECISION):
+    """The same-precision reference's function for op "delta" or "mixer" at
+    a declared precision (tolerance.PRECISIONS): the token scan under its
+    rounding model, with the contract's signature (the oracle's own
+    function for the contract's precision). One object per (op, precision),
+    so its programs are cached like any other."""
+    if precision == CONTRACT_PRECISION:
+        return _ORACLE_FNS[op]
+    declared = PRECISIONS[precision]
+    rounding = reference.Rounding(products=declared.products, state=declared.state)
+    if op == "delta":
+        def rounded_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
+                               segment_ids=None, chunk_size=None):
+            del chunk_size      # the token scan has no chunks
+            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            return reference.token_scan(q, k, v, g, beta, scale, initial_state, segment_ids,
+                                        rounding)
+        return rounded_delta_rule
+
+    def rounded_mixer(x, conv_weight, a, b, a_log, dt_bias, *, head_k_dim, scale=None,
+                      **contract_kwargs):
+        scale = head_k_dim ** -0.5 if scale is None else scale
+        return reference.reference_mixer(x, conv_weight, a, b, a_log, dt_bias,
+                                         head_k_dim=head_k_dim, scale=scale,
+                                         rounding=rounding, **contract_kwargs)
+    return rounded_mixer
+
+
 # -------------------------------------------------------------- inputs
 def case_op(case) -> str:
     return "delta" if isinstance(case, DeltaRuleCase) else "mixer"
@@ -298,11 +329,12 @@ def oracle_vjp(case, inputs=None):
     return run_vjp(_ORACLE_FNS[case_op(case)], case, inputs, cotangents(case), x64=True)
 
 
-def reference_vjp(case, inputs=None):
-    """The same-precision reference (token scan on the case's dtypes)."""
+def reference_vjp(case, inputs=None, precision: str = CONTRACT_PRECISION):
+    """The same-precision reference (token scan on the case's dtypes, under
+    the rounding model of a declared precision)."""
     inputs = case_inputs(case) if inputs is None else inputs
     cts = cotangents(case)
-    return run_vjp(_ORACLE_FNS[case_op(case)], case, inputs,
+    return run_vjp(reference_fn(case_op(case), precision), case, inputs,
                    tuple(c.astype(np.float32) for c in cts))
 
 
@@ -332,9 +364,9 @@ def oracle_forward(case, inputs=None):
     return run_forward(_ORACLE_FNS[case_op(case)], case, inputs, x64=True)
 
 
-def reference_forward(case, inputs=None):
+def reference_forward(case, inputs=None, precision: str = CONTRACT_PRECISION):
     inputs = case_inputs(case) if inputs is None else inputs
-    return run_forward(_ORACLE_FNS[case_op(case)], case, inputs)
+    return run_forward(reference_fn(case_op(case), precision), case, inputs)
 
 
 def cotangents(case):

@@ -10,7 +10,7 @@ import numpy as np
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from .. import runners
-from ..tolerance import TensorError, compare_to_oracle, structural_row
+from ..tolerance import TensorError, compare_to_oracle, precision_in_force, structural_row
 
 
 def dtype_of(case, name: str) -> str:
@@ -33,26 +33,38 @@ def shape_dtype_row(name: str, grad, primal) -> TensorError:
                           f"got {got[0]} {got[1]}, primal {want[0]} {want[1]}")
 
 
+def at_declared_precision(run):
+    """run(precision name) for the declared precision the current check is
+    judged at (its same-precision reference), or None under the contract."""
+    declared = precision_in_force()
+    return None if declared is None else run(declared.name)
+
+
 def parity_rows(target, case, with_grads: bool):
     """Every output (and with_grads: every cotangent, plus its shape/dtype)
     of the target vs the float64 oracle, bounded by the same-precision
-    reference's error (verification.tolerance)."""
+    reference's error (verification.tolerance; under a declared precision,
+    also its reference's)."""
     inputs = runners.case_inputs(case)
     names = runners.output_names(case)
     if with_grads:
         k_out, k_grads = runners.target_vjp(target, case, inputs)
         o_out, o_grads = runners.oracle_vjp(case, inputs)
         r_out, r_grads = runners.reference_vjp(case, inputs)
+        d_out, d_grads = at_declared_precision(
+            lambda p: runners.reference_vjp(case, inputs, p)) or ((None,) * len(names), {})
     else:
         k_out = runners.target_forward(target, case, inputs)
         o_out = runners.oracle_forward(case, inputs)
         r_out = runners.reference_forward(case, inputs)
-    rows = [compare_to_oracle(n, k, o, r, dtype_of(case, n))
-            for n, k, o, r in zip(names, k_out, o_out, r_out)]
+        d_out = at_declared_precision(
+            lambda p: runners.reference_forward(case, inputs, p)) or (None,) * len(names)
+    rows = [compare_to_oracle(n, k, o, r, dtype_of(case, n), d)
+            for n, k, o, r, d in zip(names, k_out, o_out, r_out, d_out)]
     if with_grads:
         for n in inputs:
             rows.append(compare_to_oracle("d" + n, k_grads[n], o_grads[n], r_grads[n],
-                                          dtype_of(case, n)))
+                                          dtype_of(case, n), d_grads.get(n)))
             rows.append(shape_dtype_row("d" + n, k_grads[n], inputs[n]))
     return rows
 

@@ -22,7 +22,7 @@ from strategies.state import (DECODE_LOOP_STEPS, decode_steps, incoming_state, p
 from .. import runners
 from ..registry import prop
 from ..tolerance import compare_handoff, compare_self, compare_to_oracle, structural_row
-from .common import dtype_of
+from .common import at_declared_precision, dtype_of
 
 STATE_OUTPUTS = ("o", "conv", "recurrent")
 # Gradients summed over tokens: their terms cancel, so the summation order a
@@ -60,11 +60,13 @@ def _rows_vs_oracle(case, cut, label, inputs, state):
     one = pieces(case, "one")
     o_out, o_grads = runners.run_pieces(oracle, case, inputs, state, one, x64=True)
     r_out, r_grads = runners.run_pieces(oracle, case, inputs, state, one)
+    d_out, d_grads = at_declared_precision(lambda p: runners.run_pieces(
+        runners.reference_fn("mixer", p), case, inputs, state, one)) or ({}, {})
     k_out, k_grads = cut
     rows = [compare_to_oracle(f"{n} ({label})", k_out[n], o_out[n], r_out[n],
-                              tensor_dtype(case, n)) for n in STATE_OUTPUTS]
+                              tensor_dtype(case, n), d_out.get(n)) for n in STATE_OUTPUTS]
     rows += [compare_to_oracle("d" + n, k_grads[n], o_grads[n], r_grads[n],
-                               tensor_dtype(case, "d" + n)) for n in k_grads]
+                               tensor_dtype(case, "d" + n), d_grads.get(n)) for n in k_grads]
     return rows
 
 
@@ -203,10 +205,12 @@ def decode_drift(target, case: MixerCase):
     one = pieces(long, "one")
     o_out, _ = runners.run_pieces(oracle, long, inputs, state, one, x64=True)
     r_out, _ = runners.run_pieces(oracle, long, inputs, state, one)
+    d_out, _ = at_declared_precision(lambda p: runners.run_pieces(
+        runners.reference_fn("mixer", p), long, inputs, state, one)) or ({}, {})
     kernel = {"o": o, "conv": np.asarray(st_.conv), "recurrent": np.asarray(st_.recurrent)}
     label = f"{DECODE_LOOP_STEPS} decode steps"
     return [compare_to_oracle(f"{n} ({label})", kernel[n], o_out[n], r_out[n],
-                              tensor_dtype(long, n)) for n in STATE_OUTPUTS]
+                              tensor_dtype(long, n), d_out.get(n)) for n in STATE_OUTPUTS]
 
 
 @prop("decode_compiles_once", family="state",
