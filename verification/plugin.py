@@ -328,10 +328,9 @@ def _shape_budget_line() -> str:
 def _worst_text(row) -> str:
     """The worst row as the verdict judged it: relative and absolute error,
     or the absolute error alone for a row judged by the near-zero floor."""
-    from .tolerance import NEAR_ZERO
     if not row.bound_rel and not row.bound_abs:
         return "all exact/structural checks"
-    if row.note == NEAR_ZERO:
+    if row.near_zero:
         measure = f"abs {row.max_abs:.2e} / {row.bound_abs:.1e} (near-zero)"
     else:
         measure = f"rel {row.rel_l2:.2e} / {row.bound_rel:.1e}"

@@ -1,22 +1,32 @@
-"""Meta-tests: no false alarms. Two correct implementations of the contract
+"""Meta-tests: no false alarms. Correct implementations of the contract
 that are not ours (verification/foreign_targets: token scans in float32 with
 plain autodiff, one refusing float64 inputs, one accepting float64 but
-computing in float32) pass every registered property on a few derandomized
-examples plus the property's explicit examples that fit them. A property
-that fails them fails a correct user for its own numerical reasons."""
+computing in float32; chunked kernels computing bfloat16 inputs in bfloat16,
+declared so, one keeping its state in float32, one in bfloat16) pass every
+registered property on a few derandomized examples plus the property's
+explicit examples that fit them; a target declaring a compute precision
+also on a few bfloat16 examples (those its declaration is about). A
+property that fails them fails a correct user for its own numerical
+reasons."""
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
 
 from . import harness
 from .registry import PROPERTIES
 from .properties import load_all
 from .targets import Target
+from .tolerance import CONTRACT_PRECISION
 
 load_all()
 
 FOREIGN_TARGETS = ("verification.foreign_targets.float32_only_scan",
-                   "verification.foreign_targets.float32_compute_scan")
+                   "verification.foreign_targets.float32_compute_scan",
+                   "verification.foreign_targets.bf16_compute_chunked",
+                   "verification.foreign_targets.bf16_state_chunked")
+# Targets whose float32 path is another's (bf16_compute_chunked's): bfloat16 examples only.
+BFLOAT16_ONLY = ("verification.foreign_targets.bf16_state_chunked",)
 EXAMPLES_PER_PROPERTY = 2
 
 
@@ -26,14 +36,22 @@ def test_correct_foreign_target_passes(prop_id, spec):
     p = PROPERTIES[prop_id]
     target = Target.parse(spec)
 
-    @settings(max_examples=EXAMPLES_PER_PROPERTY, derandomize=True, database=None,
-              deadline=None, suppress_health_check=list(HealthCheck),
-              phases=[Phase.generate])
-    @given(case=p.strategy)
-    def run(case):
-        harness.check_property(prop_id, target, case, record=False)
-
-    for case in p.examples:          # the regressions, float32 ones only:
-        if case.dtype == "float32":  # their shapes are few, their compiles cheap
+    def run(strategy):
+        @settings(max_examples=EXAMPLES_PER_PROPERTY, derandomize=True, database=None,
+                  deadline=None, suppress_health_check=list(HealthCheck),
+                  phases=[Phase.generate])
+        @given(case=strategy)
+        def check(case):
             harness.check_property(prop_id, target, case, record=False)
-    run()
+        check()
+
+    if spec not in BFLOAT16_ONLY:
+        for case in p.examples:          # the regressions, float32 ones only:
+            if case.dtype == "float32":  # their shapes are few, their compiles cheap
+                harness.check_property(prop_id, target, case, record=False)
+        run(p.strategy)
+    if target.declaration.supports.compute_precision != CONTRACT_PRECISION:
+        try:
+            run(p.strategy.filter(lambda c: getattr(c, "dtype", "") == "bfloat16"))
+        except Unsatisfiable:          # the property draws no bfloat16 case
+            pass

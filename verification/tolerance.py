@@ -199,7 +199,12 @@ class TensorError:
             return 0.0 if self.passed else math.inf
         r = self.rel_l2 / self.bound_rel if self.bound_rel else math.inf
         a = self.max_abs / self.bound_abs if self.bound_abs else math.inf
-        return a if self.note == NEAR_ZERO else max(r, a)
+        return a if self.near_zero else max(r, a)
+
+    @property
+    def near_zero(self) -> bool:
+        """Judged by the near-zero absolute floor (its relative error had no meaning)."""
+        return self.note.startswith(NEAR_ZERO)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"ratio": self.ratio}
@@ -303,7 +308,8 @@ def _deviation(contract: TensorError, declared: TensorError) -> TensorError:
     contract's bound) when it passed there."""
     if not declared.passed:
         return declared
-    return dataclasses.replace(declared, note=DEVIATES, deviation=contract.ratio)
+    note = f"{NEAR_ZERO}; {DEVIATES}" if declared.near_zero else DEVIATES
+    return dataclasses.replace(declared, note=note, deviation=contract.ratio)
 
 
 def compare_self(name, a, b, dtype: str, exact: bool = False) -> TensorError:

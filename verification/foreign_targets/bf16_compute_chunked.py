@@ -61,11 +61,16 @@ def _chunked(x, n, c):
     return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
 
 
-def chunked_delta_rule(q, k, v, g, beta, s0, scale, chunk):
+def chunked_delta_rule(q, k, v, g, beta, s0, scale, chunk, state_dtype="float32"):
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv] (all in the compute dtype);
-    g, beta [B, T, Hv] float32; s0 [B, Hv, Dk, Dv] float32.
-    Returns (o [B, T, Hv, Dv] float32, final state float32)."""
+    g, beta [B, T, Hv] float32; s0 [B, Hv, Dk, Dv] float32; state_dtype:
+    the dtype the state is rounded to after every chunk when the compute
+    dtype is below float32 (the variant foreign_targets.bf16_state_chunked
+    keeps it in bfloat16). Returns
+    (o [B, T, Hv, Dv] float32, final state float32)."""
     cd = v.dtype
+    if cd == F32:                    # float32 inputs: the contract's float32 throughout
+        state_dtype = F32
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2:]
     n = -(-t // chunk)
@@ -94,7 +99,7 @@ def chunked_delta_rule(q, k, v, g, beta, s0, scale, chunk):
         o = scale * (_dot("bhck,bhkv->bhcv", q_dec, s, cd)
                      + _dot("bhij,bhjv->bhiv", attn, new, cd))
         s = jnp.exp(g_total)[..., None, None] * s + _dot("bhck,bhcv->bhkv", k_dec, new, cd)
-        return s, o
+        return s.astype(state_dtype).astype(F32), o
 
     s, o = lax.scan(step, s0, (u, w, attn, q_dec, k_dec, g_total))
     o = jnp.swapaxes(jnp.moveaxis(o, 0, 1), 2, 3).reshape(b, n * chunk, hv, dv)[:, :t]
@@ -122,17 +127,17 @@ def _layer(x, conv_weight, a, b, a_log, dt_bias, hist0, static):
 
 
 @functools.lru_cache(maxsize=None)
-def _delta_jit(scale, chunk):
+def _delta_jit(scale, chunk, state_dtype):
     def run(q, k, v, g, beta, s0):
         cd = v.dtype
         o, s = chunked_delta_rule(q.astype(cd), k.astype(cd), v, g.astype(F32),
-                                  beta.astype(F32), s0.astype(F32), scale, chunk)
+                                  beta.astype(F32), s0.astype(F32), scale, chunk, state_dtype)
         return o.astype(v.dtype), s
     return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=None)
-def _mixer_jit(static, chunk):
+def _mixer_jit(static, chunk, state_dtype):
     scale = static[-1]
 
     def run(x, conv_weight, a, b, a_log, dt_bias, hist0, s0):
@@ -141,13 +146,13 @@ def _mixer_jit(static, chunk):
                                                                   a_log, dt_bias, hist0)),
                                         static)
         o, s = chunked_delta_rule(q.astype(cd), k.astype(cd), v.astype(cd), g, beta,
-                                  s0.astype(F32), scale, chunk)
+                                  s0.astype(F32), scale, chunk, state_dtype)
         return o.astype(cd), GDNState(hist.astype(cd), s)
     return jax.jit(run)
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64,
-                     segment_ids=None, impl=None):
+                     segment_ids=None, impl=None, state_dtype="float32"):
     validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state, chunk_size,
                                          "reference", segment_ids=segment_ids)
     del impl
@@ -156,13 +161,13 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if initial_state is None:
         initial_state = jnp.zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]), F32)
-    return _delta_jit(scale, int(chunk_size))(q, k, v, g, beta, initial_state)
+    return _delta_jit(scale, int(chunk_size), state_dtype)(q, k, v, g, beta, initial_state)
 
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, num_v_heads,
                          head_k_dim, head_v_dim, use_qk_norm=True, eps=1e-6, scale=None,
                          segment_ids=None, chunk_size=64, impl=None, state=None,
-                         return_state=False):
+                         return_state=False, state_dtype="float32"):
     validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
                               head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size,
                               "reference", segment_ids=segment_ids, state=state,
@@ -177,8 +182,8 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, n
     if state is None:
         state = GDNState(jnp.zeros((bsz, conv_weight.shape[0] - 1, channels), x.dtype),
                          jnp.zeros((bsz, num_v_heads, head_k_dim, head_v_dim), F32))
-    o, new_state = _mixer_jit(static, int(chunk_size))(x, conv_weight, a, b, a_log, dt_bias,
-                                                       *state)
+    o, new_state = _mixer_jit(static, int(chunk_size), state_dtype)(
+        x, conv_weight, a, b, a_log, dt_bias, *state)
     return (o, new_state) if return_state else o
 
 
