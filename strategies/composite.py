@@ -65,10 +65,13 @@ def _geometries(rows, knobs, where, favour=None):
     return st.sampled_from(picked).map(lambda r: dict(zip(names, r)))
 
 
-def _draw_geometry(draw, rows, knobs, where, packed):
+def _draw_geometry(draw, rows, knobs, where, packed, long_rows=False):
     """(geometry dict, chunk C, sequence length T, (Hk, G, Dk, Dv), batch B)
     drawn from the lattice rows passing `where` (packed: T >= 2, T >= C+1
-    favoured)."""
+    favoured; long_rows: the lattice's LONG rows too)."""
+    if not long_rows:
+        short = where
+        where = lambda geo: geo["length"] != lattice.LONG and short(geo)  # noqa: E731
     if packed:
         where = _packable(where)
     geo = draw(_geometries(rows, knobs, where, favour=_spans_a_chunk_edge if packed else None))
@@ -86,7 +89,7 @@ def _event_geometry(geo, length):
 @st.composite
 def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
                      beta_regimes=regimes.BETA_REGIMES, stable=True, zero_rows=None,
-                     packed=False):
+                     packed=False, long_rows=False):
     """A DeltaRuleCase from the gated_delta_rule lattice.
 
     where: filter on the geometry dict (keys of lattice.DELTA_KNOBS).
@@ -94,12 +97,14 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
     (expanding recurrence) and T <= 2C+1. zero_rows: None draws 0..2
     all-zero q/k rows, True forces at least one, False none. packed=True:
     T >= 2 (T >= C+1 favoured) and a drawn segment layout
-    (strategies.segments, K = 4); packed=False: segments=()."""
+    (strategies.segments, K = 4); packed=False: segments=(). long_rows:
+    the lattice's rows of lattice.LONG_TOKENS bfloat16 tokens too (in the
+    "pairs" coverings)."""
     if not stable:
         base = where
         where = lambda geo: base(geo) and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1  # noqa: E731
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
-        draw, lattice.delta_geometries(), lattice.DELTA_KNOBS, where, packed)
+        draw, lattice.delta_geometries(), lattice.DELTA_KNOBS, where, packed, long_rows)
     n_zero = draw(st.integers(1 if zero_rows else 0, 0 if zero_rows is False else 2))
     rows = tuple(draw(st.tuples(st.sampled_from(("q", "k")), st.integers(0, batch - 1),
                                 st.integers(0, seq_len - 1), st.integers(0, hk - 1)))
@@ -142,16 +147,17 @@ def near_zero_rows(draw, batch, seq_len, k_heads, *, min_rows=0, max_rows=2,
 @st.composite
 def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
                 beta_regimes=regimes.BETA_REGIMES, near_zero=None, eps_values=(1e-6,),
-                packed=False):
+                packed=False, long_rows=False):
     """A MixerCase from the mixer lattice.
 
     where: filter on the geometry dict (keys of lattice.MIXER_KNOBS).
     near_zero: None draws 0..2 (near-)zero q/k rows, True forces >= 1,
     False none. eps_values: the QK-norm eps values to draw from.
     packed=True: T >= 2 (T >= C+1 favoured) and a drawn segment layout
-    (strategies.segments); packed=False: segments=()."""
+    (strategies.segments); packed=False: segments=(). long_rows: as for
+    delta_rule_cases."""
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
-        draw, lattice.mixer_geometries(), lattice.MIXER_KNOBS, where, packed)
+        draw, lattice.mixer_geometries(), lattice.MIXER_KNOBS, where, packed, long_rows)
     hv = hk * group
     rows = draw(near_zero_rows(batch, seq_len, hk, min_rows=1 if near_zero else 0,
                                max_rows=0 if near_zero is False else 2))

@@ -32,6 +32,13 @@ CHUNK_SIZES = (16, 32, 64)
 # its triangular inverse), and a full chunk with a tail. 256 lies outside
 # the contract (16..128) and is not drawn.
 FIELD_CHUNK = 128
+# Long rows of bfloat16 activations, where a decay sum or a state kept in
+# bfloat16 drifts: a few rows of LONG_TOKENS tokens appended after the
+# others, drawn only by strategies that ask for them (long_rows=True: the
+# parity properties) and only in the "pairs" coverings (ci, kill, nightly):
+# the dev loop stays short.
+LONG = "long"
+LONG_TOKENS = 1029          # > 1024, on no chunk boundary
 BATCHES = (1, 2)
 CONV_WIDTHS = (4, 2)
 
@@ -57,7 +64,9 @@ def boundary_lengths(chunk: int) -> tuple:
 
 
 def seq_len(kind: str, chunk: int) -> int:
-    """The sequence length of a LENGTH_KINDS entry for chunk size C."""
+    """The sequence length of a LENGTH_KINDS entry (or LONG) for chunk size C."""
+    if kind == LONG:
+        return LONG_TOKENS
     if kind == "free":
         return FREE_LENGTHS[chunk]
     return boundary_lengths(chunk)[LENGTH_KINDS.index(kind)]
@@ -163,10 +172,14 @@ def current_covering() -> str:
 
 @functools.lru_cache(maxsize=None)
 def covering(rows: Tuple[Tuple, ...], names: Tuple[str, ...], kind: str) -> Tuple[Tuple, ...]:
-    """`rows` (all-pairs rows, already filtered) reduced to the covering `kind`."""
+    """`rows` (all-pairs rows, already filtered) reduced to the covering
+    `kind` (the values covering leaves out the LONG rows)."""
     if kind not in COVERINGS:
         raise ValueError(f"covering must be one of {COVERINGS}, got {kind!r}")
-    return tuple(rows) if kind == "pairs" else tuple(values_covering(rows, names))
+    if kind == "pairs":
+        return tuple(rows)
+    length = list(names).index("length")
+    return tuple(values_covering([r for r in rows if r[length] != LONG], names))
 
 
 MIXER_KNOBS = {
@@ -195,6 +208,15 @@ DELTA_FIELD_CHUNK_ROWS = (
     (FIELD_CHUNK, "C+1", _GVA2, 2, _BF16_F32, False),
     (FIELD_CHUNK, "2C+1", _DV24, 1, _BF16, True),
 )
+# LONG rows, bfloat16 activations (float32 and bfloat16 parameters / state).
+MIXER_LONG_ROWS = (
+    (64, LONG, _GVA2, 1, 4, _BF16_F32, "[Hv]", "[Hv]", True),
+    (FIELD_CHUNK, LONG, _PLAIN, 1, 2, _BF16, "[B,Hv]", "[1,T,Hv]", False),
+)
+DELTA_LONG_ROWS = (
+    (64, LONG, _GVA2, 1, _BF16_F32, True),
+    (FIELD_CHUNK, LONG, _DV24, 1, _BF16, True),
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -202,7 +224,7 @@ def mixer_geometries() -> Tuple[Tuple, ...]:
     """The mixer lattice: tuples in MIXER_KNOBS order (the all-pairs rows,
     then the FIELD_CHUNK rows)."""
     return tuple(tuple(r[n] for n in MIXER_KNOBS)
-                 for r in all_pairs(MIXER_KNOBS)) + MIXER_FIELD_CHUNK_ROWS
+                 for r in all_pairs(MIXER_KNOBS)) + MIXER_FIELD_CHUNK_ROWS + MIXER_LONG_ROWS
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,4 +232,4 @@ def delta_geometries() -> Tuple[Tuple, ...]:
     """The gated_delta_rule lattice: tuples in DELTA_KNOBS order (the
     all-pairs rows, then the FIELD_CHUNK rows)."""
     return tuple(tuple(r[n] for n in DELTA_KNOBS)
-                 for r in all_pairs(DELTA_KNOBS)) + DELTA_FIELD_CHUNK_ROWS
+                 for r in all_pairs(DELTA_KNOBS)) + DELTA_FIELD_CHUNK_ROWS + DELTA_LONG_ROWS

@@ -92,6 +92,9 @@ class Property:
     examples:     explicit cases run first in every profile (regressions)
     covers:       coverage claims: name -> predicate on a case; the
                   strategy must reach each (meta-test)
+    gate_covers:  claims the strategy reaches only in the lattice's "pairs"
+                  covering (ci, kill, nightly), e.g. the LONG rows dev
+                  leaves out (meta-test in ci)
     devices:      devices its check needs (a mesh); with fewer in this
                   process it runs in a mesh worker (verification/mesh_worker.py)
     on_sharded_target: part of the declared subset `.ci/run` runs against
@@ -110,6 +113,7 @@ class Property:
     wrong_target: str
     examples: Tuple = ()
     covers: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
+    gate_covers: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
     devices: int = 1
     on_sharded_target: bool = False
     needs: Tuple[str, ...] = ()
@@ -139,7 +143,8 @@ PROPERTIES: Dict[str, Property] = {}
 
 def prop(prop_id: str, *, family: str, strategy: st.SearchStrategy, wrong_target: str,
          weight: float = 1.0, examples: Tuple = (), covers: Mapping[str, Callable] = None,
-         devices: int = 1, on_sharded_target: bool = False, needs: Tuple[str, ...] = (),
+         gate_covers: Mapping[str, Callable] = None, devices: int = 1,
+         on_sharded_target: bool = False, needs: Tuple[str, ...] = (),
          needs_of_case: Callable = case_needs):
     """Register the decorated check function as property `prop_id`."""
     if family not in FAMILIES:
@@ -151,8 +156,8 @@ def prop(prop_id: str, *, family: str, strategy: st.SearchStrategy, wrong_target
             raise ValueError(f"property {prop_id} declared twice")
         PROPERTIES[prop_id] = Property(prop_id, family, check, strategy, weight,
                                        wrong_target, tuple(examples), dict(covers or {}),
-                                       devices, on_sharded_target, tuple(needs),
-                                       needs_of_case)
+                                       dict(gate_covers or {}), devices, on_sharded_target,
+                                       tuple(needs), needs_of_case)
         return check
     return deco
 

@@ -65,24 +65,32 @@ MIXER_COVERS = {
 }
 
 
-@prop("mixer_forward_parity", family="parity", strategy=mixer_cases(),
-      wrong_target="gdn_mutant_beta_applied_twice:xla", covers=MIXER_COVERS)
+# Reached only in the ci / kill / nightly lattice covering (strategies.lattice.LONG).
+LONG_ROW_COVERS = {
+    "bfloat16 row of >= 1024 tokens": lambda c: c.dtype == "bfloat16" and c.seq_len >= 1024,
+}
+
+
+@prop("mixer_forward_parity", family="parity", strategy=mixer_cases(long_rows=True),
+      wrong_target="gdn_mutant_beta_applied_twice:xla", covers=MIXER_COVERS,
+      gate_covers=LONG_ROW_COVERS)
 def mixer_forward_parity(target, case: MixerCase):
     """gdn_decoupled_conv1d output matches the float64 oracle."""
     return parity_rows(target, case, with_grads=False)
 
 
-@prop("delta_rule_forward_parity", family="parity", strategy=delta_rule_cases(),
+@prop("delta_rule_forward_parity", family="parity", strategy=delta_rule_cases(long_rows=True),
       wrong_target="gdn_mutant_no_decay_between_chunks:xla",
-      examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15, REPEATED_KEYS_C128), covers=DELTA_COVERS)
+      examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15, REPEATED_KEYS_C128), covers=DELTA_COVERS,
+      gate_covers=LONG_ROW_COVERS)
 def delta_rule_forward_parity(target, case: DeltaRuleCase):
     """gated_delta_rule output and final state match the float64 oracle."""
     return parity_rows(target, case, with_grads=False)
 
 
-@prop("mixer_gradient_parity", family="parity", strategy=mixer_cases(),
+@prop("mixer_gradient_parity", family="parity", strategy=mixer_cases(long_rows=True),
       wrong_target="gdn_mutant_conv_bwd_shift_by_one:xla",
-      examples=(MIXER_LARGE_A_LOG_T15,), covers=MIXER_COVERS,
+      examples=(MIXER_LARGE_A_LOG_T15,), covers=MIXER_COVERS, gate_covers=LONG_ROW_COVERS,
       on_sharded_target=True)
 def mixer_gradient_parity(target, case: MixerCase):
     """Every cotangent of gdn_decoupled_conv1d (x, conv_weight, a, b, a_log,
@@ -90,10 +98,11 @@ def mixer_gradient_parity(target, case: MixerCase):
     return parity_rows(target, case, with_grads=True)
 
 
-@prop("delta_rule_gradient_parity", family="parity", strategy=delta_rule_cases(),
+@prop("delta_rule_gradient_parity", family="parity",
+      strategy=delta_rule_cases(long_rows=True),
       wrong_target="gdn_mutant_dinitial_state_dropped:xla",
       examples=(STRONG_DECAY_T15, LARGE_A_LOG_T15), covers=DELTA_COVERS,
-      on_sharded_target=True)
+      gate_covers=LONG_ROW_COVERS, on_sharded_target=True)
 def delta_rule_gradient_parity(target, case: DeltaRuleCase):
     """Every cotangent of gated_delta_rule (q, k, v, g, beta, initial_state),
     with a random cotangent on o AND on final_state, matches the oracle."""
