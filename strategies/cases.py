@@ -61,8 +61,9 @@ class DeltaRuleCase(CaseShape):
 
     key_norm: row norm of k (and q); beta * key_norm**2 <= 2 is a stable
     (contractive) recurrence. key_cosine: the keys' mean cosine within a
-    chunk (0: independent keys; near 1: repeated keys), the geometry that
-    makes the chunk's I + tril(beta K K^T) ill-conditioned. gate_regime / beta_regime: see
+    chunk (0: independent keys; 1: repeated keys), the geometry that
+    makes the chunk's I + tril(beta K K^T) ill-conditioned. key_pair_cosine:
+    every odd token's key's cosine with the one before it (0: not drawn). gate_regime / beta_regime: see
     strategies.regimes. zero_rows: (which, batch, token, key head) rows of q
     or k set to exactly zero. segments: the packed layout, one row layout
     ((id, length), ...) per batch row (strategies.segments); () means
@@ -77,6 +78,7 @@ class DeltaRuleCase(CaseShape):
     key_norm: float = 1.0
     zero_rows: Tuple[Tuple[str, int, int, int], ...] = ()
     key_cosine: float = 0.0
+    key_pair_cosine: float = 0.0
     segments: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
 
     @property
@@ -114,13 +116,14 @@ CASE_TYPES = {"DeltaRuleCase": DeltaRuleCase, "MixerCase": MixerCase}
 def case_to_json(case) -> dict:
     """Plain-JSON form: {"type": ..., "fields": {...}}. An unpacked case
     (segments == ()) leaves "segments" out, and one with independent keys
-    "key_cosine", so its JSON (and the digest of its counterexample file) is
-    what it was before either existed."""
+    "key_cosine" and "key_pair_cosine", so its JSON (and the digest of its
+    counterexample file) is what it was before either existed."""
     fields = dataclasses.asdict(case)
     if not fields["segments"]:
         del fields["segments"]
-    if not fields.get("key_cosine", 1.0):       # independent keys: the JSON of before
-        del fields["key_cosine"]
+    for key_geometry in ("key_cosine", "key_pair_cosine"):
+        if not fields.get(key_geometry, 1.0):   # independent keys: the JSON of before
+            del fields[key_geometry]
     return {"type": type(case).__name__, "fields": fields}
 
 

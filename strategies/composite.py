@@ -104,7 +104,8 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
         base = where
         where = lambda geo: base(geo) and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1  # noqa: E731
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
-        draw, lattice.delta_geometries(), lattice.DELTA_KNOBS, where, packed, long_rows)
+        draw, lattice.delta_geometries(lattice.declared_beyond_contract()), lattice.DELTA_KNOBS,
+        where, packed, long_rows)
     n_zero = draw(st.integers(1 if zero_rows else 0, 0 if zero_rows is False else 2))
     rows = tuple(draw(st.tuples(st.sampled_from(("q", "k")), st.integers(0, batch - 1),
                                 st.integers(0, seq_len - 1), st.integers(0, hk - 1)))
@@ -120,10 +121,11 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
         segments=_packed_segments(draw, packed, batch, seq_len, chunk, DELTA_CONV_WIDTH),
         # drawn last: a case's earlier draws are those it had before keys were
         # correlated (derandomized profiles keep their examples' shapes)
-        key_cosine=draw(st.sampled_from(regimes.KEY_COSINES)))
+        key_cosine=draw(st.sampled_from(regimes.KEY_COSINES)),
+        key_pair_cosine=draw(st.sampled_from(regimes.KEY_PAIR_COSINES)))
     _event_geometry(geo, seq_len)
     event(f"gate regime {case.gate_regime}; beta regime {case.beta_regime}; "
-          f"key cosine {case.key_cosine}")
+          f"key cosine {case.key_cosine}; key pair cosine {case.key_pair_cosine}")
     return case
 
 
@@ -157,7 +159,8 @@ def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIM
     (strategies.segments); packed=False: segments=(). long_rows: as for
     delta_rule_cases."""
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
-        draw, lattice.mixer_geometries(), lattice.MIXER_KNOBS, where, packed, long_rows)
+        draw, lattice.mixer_geometries(lattice.declared_beyond_contract()), lattice.MIXER_KNOBS,
+        where, packed, long_rows)
     hv = hk * group
     rows = draw(near_zero_rows(batch, seq_len, hk, min_rows=1 if near_zero else 0,
                                max_rows=0 if near_zero is False else 2))

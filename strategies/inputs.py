@@ -36,8 +36,22 @@ def _correlated_keys(case: DeltaRuleCase, k: np.ndarray) -> np.ndarray:
     d = _rows_with_norm(rng, (b, chunks, hk, dk), 1.0)
     d = np.repeat(d, case.chunk, axis=1)[:, :t]
     c = case.key_cosine
-    mixed = np.sqrt(c) * d + np.sqrt(1.0 - c) * k / case.key_norm
+    mixed = np.sqrt(c) * d + np.sqrt(1.0 - c) * k / case.key_norm   # c = 1: d itself
     return case.key_norm * mixed / np.linalg.norm(mixed, axis=-1, keepdims=True)
+
+
+def _near_parallel_pairs(case: DeltaRuleCase, k: np.ndarray) -> np.ndarray:
+    """Keys k [B, T, Hk, Dk] with every odd token's key replaced by one of
+    the same norm at cosine about key_pair_cosine to the key before it (the
+    perturbation from its own generator)."""
+    rng = np.random.default_rng((case.seed, 2))
+    k = k.copy()
+    before = k[:, 0:k.shape[1] - 1:2] / case.key_norm          # unit keys of even tokens
+    noise = _rows_with_norm(rng, before.shape, 1.0)
+    c = case.key_pair_cosine
+    pair = c * before + np.sqrt(1.0 - c * c) * noise
+    k[:, 1::2] = case.key_norm * pair / np.linalg.norm(pair, axis=-1, keepdims=True)
+    return k
 
 
 def deepest_chunk_log_decay(case: DeltaRuleCase) -> float:
@@ -53,7 +67,15 @@ def deepest_chunk_log_decay(case: DeltaRuleCase) -> float:
     return deepest
 
 
-@functools.lru_cache(maxsize=256)      # two coverage claims read it per case
+def closest_key_pair(case: DeltaRuleCase) -> float:
+    """The largest cosine between the keys of two consecutive tokens of the
+    case (coverage measure; numpy, float64)."""
+    k = delta_rule_inputs(case)["k"].astype(np.float64)
+    unit = k / np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-30)
+    return float(np.max(np.sum(unit[:, 1:] * unit[:, :-1], axis=-1), initial=0.0))
+
+
+@functools.lru_cache(maxsize=256)      # several coverage claims read it per case
 def chunk_geometry(case: DeltaRuleCase):
     """(largest mean key cosine, largest 2-norm condition number of the chunk
     matrix I + strict_lower(diag(beta) K K^T * exp(G_i - G_j))) over the
@@ -88,6 +110,8 @@ def delta_rule_inputs(case: DeltaRuleCase) -> dict:
     k = _rows_with_norm(rng, (b, t, hk, case.dk), case.key_norm)
     if case.key_cosine:
         k = _correlated_keys(case, k)
+    if case.key_pair_cosine:
+        k = _near_parallel_pairs(case, k)
     for which, bi, ti, hi in case.zero_rows:
         (q if which == "q" else k)[bi, ti, hi] = 0.0
     v = rng.standard_normal((b, t, hv, case.dv))

@@ -219,17 +219,48 @@ DELTA_LONG_ROWS = (
 )
 
 
+# Chunk sizes beyond the contract's 16..128 that field kernels use: rows of
+# their own, drawn only for a target that declares them (the plugin passes
+# its declaration on: declare_beyond_contract), never for one that keeps to
+# the contract (its draws are those it had before they existed).
+BEYOND_CONTRACT_CHUNKS = (256,)
+MIXER_BEYOND_CONTRACT_ROWS = {256: (
+    (256, "C-1", _GVA2, 1, 4, _BF16_F32, "[Hv]", "[B,Hv]", True),
+    (256, "C+1", _PLAIN, 2, 2, _F32, "[B,1,Hv]", "[Hv]", False),
+)}
+DELTA_BEYOND_CONTRACT_ROWS = {256: (
+    (256, "C-1", _PLAIN, 1, _F32, True),
+    (256, "C+1", _GVA2, 2, _BF16_F32, True),
+)}
+_DECLARED = {"beyond_contract": ()}
+
+
+def declare_beyond_contract(chunk_sizes) -> None:
+    """The chunk sizes beyond the contract the session's target declares
+    (of BEYOND_CONTRACT_CHUNKS; others are ignored): their rows are drawn."""
+    _DECLARED["beyond_contract"] = tuple(sorted(
+        c for c in set(chunk_sizes or ()) if c in BEYOND_CONTRACT_CHUNKS))
+
+
+def declared_beyond_contract() -> Tuple[int, ...]:
+    return _DECLARED["beyond_contract"]
+
+
 @functools.lru_cache(maxsize=None)
-def mixer_geometries() -> Tuple[Tuple, ...]:
+def mixer_geometries(beyond_contract: Tuple[int, ...] = ()) -> Tuple[Tuple, ...]:
     """The mixer lattice: tuples in MIXER_KNOBS order (the all-pairs rows,
-    then the FIELD_CHUNK rows)."""
-    return tuple(tuple(r[n] for n in MIXER_KNOBS)
-                 for r in all_pairs(MIXER_KNOBS)) + MIXER_FIELD_CHUNK_ROWS + MIXER_LONG_ROWS
+    then the FIELD_CHUNK and LONG rows, then the rows of the chunk sizes
+    beyond the contract given)."""
+    return (tuple(tuple(r[n] for n in MIXER_KNOBS) for r in all_pairs(MIXER_KNOBS))
+            + MIXER_FIELD_CHUNK_ROWS + MIXER_LONG_ROWS
+            + sum((MIXER_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()))
 
 
 @functools.lru_cache(maxsize=None)
-def delta_geometries() -> Tuple[Tuple, ...]:
+def delta_geometries(beyond_contract: Tuple[int, ...] = ()) -> Tuple[Tuple, ...]:
     """The gated_delta_rule lattice: tuples in DELTA_KNOBS order (the
-    all-pairs rows, then the FIELD_CHUNK rows)."""
-    return tuple(tuple(r[n] for n in DELTA_KNOBS)
-                 for r in all_pairs(DELTA_KNOBS)) + DELTA_FIELD_CHUNK_ROWS + DELTA_LONG_ROWS
+    all-pairs rows, then the FIELD_CHUNK and LONG rows, then the rows of the
+    chunk sizes beyond the contract given)."""
+    return (tuple(tuple(r[n] for n in DELTA_KNOBS) for r in all_pairs(DELTA_KNOBS))
+            + DELTA_FIELD_CHUNK_ROWS + DELTA_LONG_ROWS
+            + sum((DELTA_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()))

@@ -13,6 +13,12 @@ key_cosine (gated_delta_rule): the keys' mean cosine within a chunk
   0.99          near-repeated keys: with beta near 1 and weak decay the
                 chunk's I + tril(beta K K^T) is badly conditioned (a series
                 inverse of it fails in float32; a triangular solve does not)
+  1             repeated keys: one key per chunk (each write replaces the
+                last: the delta rule's erase at its extreme)
+key_pair_cosine (gated_delta_rule): near-parallel pairs
+  0             none
+  0.999         every odd token's key nearly parallel to the one before it,
+                the other keys as key_cosine makes them
 beta_regime:
   ordinary      beta in (0.05, 0.95)
   zero          beta -> 0 (about 1e-13)
@@ -27,7 +33,9 @@ import numpy as np
 GATE_REGIMES = ("ordinary", "no_decay", "strong_decay", "large_a_log", "mixed")
 BETA_REGIMES = ("ordinary", "zero", "one", "mixed")
 # independent keys half the time, the correlated regimes the other half
-KEY_COSINES = (0.0, 0.0, 0.0, 0.5, 0.9, 0.99)
+KEY_COSINES = (0.0, 0.0, 0.0, 0.5, 0.9, 0.99, 1.0)
+# near-parallel pairs a third of the time
+KEY_PAIR_COSINES = (0.0, 0.0, 0.999)
 
 STRONG_DECAY = -70.0
 LARGE_A_LOG = 5.0

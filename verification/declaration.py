@@ -31,6 +31,9 @@ DECLARATION_ATTR = "GDN_KERNEL"
 
 CONTRACT_DTYPES = ("float32", "bfloat16")
 CONTRACT_CHUNK_SIZES = (16, 32, 64, 128)
+# Chunk sizes beyond the contract a target may declare (field kernels use
+# 256): drawn only for a target that declares them (strategies.lattice).
+BEYOND_CONTRACT_CHUNK_SIZES = (256,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +47,8 @@ class Supports:
     gva:             more value heads than key heads (Hv = G Hk, G > 1)
     scale:           a scale= other than the default Dk**-0.5
     chunk_sizes:     the chunk_size values accepted (None: every one the
-                     contract allows)
+                     contract allows, 16..128); may add 256, beyond the
+                     contract, as field kernels use (then its cases are drawn)
     chunk_argument:  the ops take chunk_size and chunk with it (False: a
                      scan, or a chunk fixed inside; chunk-size invariance
                      cannot be checked)
@@ -117,6 +121,12 @@ class KernelDeclaration:
             raise ValueError(f"KernelDeclaration: supports.compute_precision "
                              f"{self.supports.compute_precision!r} is not one of "
                              f"{sorted(PRECISIONS)}")
+        chunks = set(self.supports.chunk_sizes or ()) - set(CONTRACT_CHUNK_SIZES
+                                                           + BEYOND_CONTRACT_CHUNK_SIZES)
+        if chunks:
+            raise ValueError(f"KernelDeclaration: supports.chunk_sizes {sorted(chunks)} are "
+                             f"neither contract chunk sizes {CONTRACT_CHUNK_SIZES} nor "
+                             f"{BEYOND_CONTRACT_CHUNK_SIZES}")
         unknown = set(self.supports.dtypes) - set(CONTRACT_DTYPES)
         if unknown:
             raise ValueError(f"KernelDeclaration: supports.dtypes {sorted(unknown)} are not "
@@ -191,9 +201,9 @@ def unmet(declaration: KernelDeclaration, needs) -> Optional[str]:
             if reason:
                 return reason
         elif kind == "chunk_size":
-            if supports.chunk_sizes is not None and int(value) not in supports.chunk_sizes:
-                return (f"the target declares chunk sizes {list(supports.chunk_sizes)}, "
-                        f"not {value}")
+            accepted = supports.chunk_sizes or CONTRACT_CHUNK_SIZES
+            if int(value) not in accepted:
+                return f"the target declares chunk sizes {list(accepted)}, not {value}"
         else:
             met, why = NEEDS[need]
             if not met(declaration):

@@ -100,6 +100,8 @@ class Suite:
         except TargetError as err:
             raise pytest.UsageError(str(err)) from None
         os.environ[TARGET_ENV] = self.target.spec      # workers, mesh workers, replays
+        from strategies import lattice
+        lattice.declare_beyond_contract(self.target.declaration.supports.chunk_sizes)
         from . import harness
         from .profiles import register_profiles, selected_profile
         from hypothesis import settings
@@ -316,12 +318,13 @@ def _shape_budget_line() -> str:
     """The loaded profile's covering of the shape lattice: its compile budget."""
     from strategies import lattice
     kind = lattice.current_covering()
+    beyond = lattice.declared_beyond_contract()
+    mixer, delta = lattice.mixer_geometries(beyond), lattice.delta_geometries(beyond)
     counts = [len(lattice.covering(rows, tuple(knobs), kind)) for rows, knobs in
-              ((lattice.mixer_geometries(), lattice.MIXER_KNOBS),
-               (lattice.delta_geometries(), lattice.DELTA_KNOBS))]
+              ((mixer, lattice.MIXER_KNOBS), (delta, lattice.DELTA_KNOBS))]
     return (f"shapes: the lattice's {kind} covering, {counts[0]} mixer and {counts[1]} "
-            f"delta-rule geometries (of {len(lattice.mixer_geometries())} and "
-            f"{len(lattice.delta_geometries())})")
+            f"delta-rule geometries (of {len(mixer)} and {len(delta)})"
+            + (f"; chunk sizes beyond the contract, declared: {list(beyond)}" if beyond else ""))
 
 
 # ---------------------------------------------------------------- the report

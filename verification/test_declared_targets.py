@@ -228,3 +228,34 @@ def test_what_declares_nothing_optional_lists_its_needs():
     assert {n for p in PROPERTIES.values() for n in p.needs} >= {
         "sharded", "l2norm_hooks", "segment_ids", "carried_state", "validates_input"}
     assert dataclasses.fields(Supports)
+
+
+def test_chunk_sizes_beyond_the_contract_are_drawn_only_for_a_target_declaring_them():
+    """256 (beyond the contract's 16..128, as field kernels use): its lattice
+    rows are drawn in dev and ci once the session's target declares it,
+    and never otherwise; a contract target meets such a case as not
+    checkable, a declaring one is checked."""
+    from hypothesis import find
+    from hypothesis.errors import NoSuchExample
+    from strategies import lattice
+    quick = settings(max_examples=2000, database=None, derandomize=True,
+                     suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    parity = [PROPERTIES[p] for p in ("delta_rule_forward_parity", "mixer_forward_parity")]
+    previous = settings.get_current_profile_name()
+    declaring = Target.parse("verification.foreign_targets.bf16_compute_chunked")
+    wide = []
+    try:
+        lattice.declare_beyond_contract(declaring.declaration.supports.chunk_sizes)
+        for profile in ("dev", "ci"):
+            settings.load_profile(profile)
+            wide += [find(p.strategy, lambda c: c.chunk == 256, settings=quick) for p in parity]
+    finally:
+        lattice.declare_beyond_contract(())
+        settings.load_profile(previous)
+    for p in parity:
+        with pytest.raises(NoSuchExample):
+            find(p.strategy, lambda c: c.chunk == 256, settings=quick)
+    for p, case in zip(parity * 2, wide):
+        assert harness.verdict_of(p, declaring, [case])[0] == harness.HELD
+        verdict, stats = harness.verdict_of(p, Target.parse("gdn_kernels:xla"), [case])
+        assert verdict == harness.NOT_CHECKABLE and "not 256" in harness.reasons_text(stats)

@@ -18,7 +18,8 @@ beta = 0):
   o         = scale (exp(G) q S + tril(q k^T D) new)
   S        <- exp(G_C) S + (D[C, :] k)^T new                  (float32)
 Plain JAX autodiff (the backward rounds where the forward does). No packed
-rows (segment_ids): it declares so.
+rows (segment_ids); chunk sizes 16..256 (256 beyond the contract): it
+declares so.
 """
 
 from __future__ import annotations
@@ -36,6 +37,17 @@ from .float32_only_scan import as_rank3, l2norm_forward
 
 F32 = jnp.float32
 HIGHEST = lax.Precision.HIGHEST
+# 256 beyond the contract's 16..128, as field kernels use (declared below).
+CHUNK_SIZES = (16, 32, 64, 128, 256)
+
+
+def _contract_chunk(chunk_size):
+    """ValueError naming chunk_size unless it is one of CHUNK_SIZES; else
+    the chunk size the contract's validation of the other arguments is
+    given (its largest for 256)."""
+    if isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    return min(chunk_size, 128)
 
 
 def _dot(spec, a, b, cd):
@@ -153,8 +165,9 @@ def _mixer_jit(static, chunk, state_dtype):
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64,
                      segment_ids=None, impl=None, state_dtype="float32"):
-    validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state, chunk_size,
-                                         "reference", segment_ids=segment_ids)
+    validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
+                                         _contract_chunk(chunk_size), "reference",
+                                         segment_ids=segment_ids)
     del impl
     if segment_ids is not None:
         raise ValueError("segment_ids: this kernel takes no packed rows")
@@ -169,8 +182,9 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, n
                          segment_ids=None, chunk_size=64, impl=None, state=None,
                          return_state=False, state_dtype="float32"):
     validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
-                              head_k_dim, head_v_dim, use_qk_norm, eps, scale, chunk_size,
-                              "reference", segment_ids=segment_ids, state=state,
+                              head_k_dim, head_v_dim, use_qk_norm, eps, scale,
+                              _contract_chunk(chunk_size), "reference",
+                              segment_ids=segment_ids, state=state,
                               return_state=return_state)
     del impl
     if segment_ids is not None:
@@ -190,4 +204,4 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, n
 GDN_KERNEL = KernelDeclaration(
     gated_delta_rule=gated_delta_rule,
     gdn_decoupled_conv1d=gdn_decoupled_conv1d,
-    supports=Supports(segment_ids=False, compute_precision="bfloat16"))
+    supports=Supports(segment_ids=False, compute_precision="bfloat16", chunk_sizes=CHUNK_SIZES))

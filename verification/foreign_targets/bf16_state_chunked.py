@@ -16,4 +16,5 @@ GDN_KERNEL = KernelDeclaration(
     gated_delta_rule=functools.partial(_chunked.gated_delta_rule, state_dtype="bfloat16"),
     gdn_decoupled_conv1d=functools.partial(_chunked.gdn_decoupled_conv1d,
                                            state_dtype="bfloat16"),
-    supports=Supports(segment_ids=False, compute_precision="bfloat16-state"))
+    supports=Supports(segment_ids=False, compute_precision="bfloat16-state",
+                      chunk_sizes=_chunked.CHUNK_SIZES))

@@ -15,6 +15,7 @@ from strategies import mixer_cases
 from strategies.cases import MixerCase
 from strategies.inputs import mixer_inputs
 
+from ..declaration import CONTRACT_CHUNK_SIZES
 from ..registry import prop
 from ..runners import mixer_static
 from ..tolerance import structural_row
@@ -56,12 +57,19 @@ def _delta_call(target, inputs, **overrides):
     return lambda: target.gated_delta_rule(*args, **overrides)
 
 
+def _too_large_chunk(target) -> int:
+    """Twice the largest chunk size the target accepts (256 for the
+    contract's 16..128; 512 for a target declaring 256)."""
+    return 2 * max(target.declaration.supports.chunk_sizes or CONTRACT_CHUNK_SIZES)
+
+
 def violations(target, case: MixerCase) -> Dict[Violation, Callable]:
     """Every violation kind applied to the valid inputs of `case`."""
     m = mixer_inputs(case)
     kw = dict(mixer_static(case))
     d = _delta_inputs(m, case)
     b, t, hv = case.batch, case.seq_len, case.v_heads
+    too_large = _too_large_chunk(target)
     x = m["x"]
     out = {
         Violation("x rank 2", "x", ValueError): _mixer_call(target, m, x=x[0], **kw),
@@ -92,8 +100,8 @@ def violations(target, case: MixerCase) -> Dict[Violation, Callable]:
         Violation("eps < 0", "eps", ValueError): _mixer_call(target, m, **(kw | {"eps": -1e-6})),
         Violation("chunk_size 48", "chunk_size", ValueError):
             _mixer_call(target, m, **(kw | {"chunk_size": 48})),
-        Violation("chunk_size 256", "chunk_size", ValueError):
-            _mixer_call(target, m, **(kw | {"chunk_size": 256})),
+        Violation(f"chunk_size {too_large}", "chunk_size", ValueError):
+            _mixer_call(target, m, **(kw | {"chunk_size": too_large})),
         Violation("chunk_size 8", "chunk_size", ValueError):
             _mixer_call(target, m, **(kw | {"chunk_size": 8})),
         Violation("Hv % Hk != 0", "num_v_heads", ValueError):

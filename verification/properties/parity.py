@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from strategies import delta_rule_cases, mixer_cases
-from strategies.inputs import chunk_geometry, deepest_chunk_log_decay
+from strategies.inputs import chunk_geometry, closest_key_pair, deepest_chunk_log_decay
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from ..registry import prop
@@ -45,6 +45,12 @@ DELTA_COVERS = {
                                                   and chunk_geometry(c)[0] >= 0.9),
     "chunk matrix condition >= 50": lambda c: (c.key_cosine >= 0.5 and c.seq_len >= 16
                                                and chunk_geometry(c)[1] >= 50),
+    "repeated keys (in-chunk cosine >= 0.999), beta ~ 1, no decay": lambda c: (
+        c.key_cosine == 1.0 and c.beta_regime == "one" and c.gate_regime == "no_decay"
+        and c.seq_len >= 16 and chunk_geometry(c)[0] >= 0.999),
+    "near-parallel key pair (cosine >= 0.99), independent keys": lambda c: (
+        c.key_pair_cosine and not c.key_cosine and c.seq_len >= 2
+        and closest_key_pair(c) >= 0.99),
     # overflow of exp(G_i - G_j) on a chunk's masked half, with a state coming in
     "in-chunk log-decay < -1000, initial state": lambda c: (
         c.has_initial_state and c.gate_regime != "no_decay"
