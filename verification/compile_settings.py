@@ -13,12 +13,6 @@ mutation runner's processes, `gdn-verify replay`) compiles with
                                         one LLVM module per program, not
                                         split for parallel code generation
 
-and runs it with
-
-  --xla_cpu_multi_thread_eigen=false    XLA:CPU's Eigen operations (dots,
-                                        triangular solves) on the calling
-                                        thread, not its intra-op pool
-
 Measured here (2-core CPU, jaxlib 0.10.2), the backend compile of the mixer's
 fwd+bwd at four lattice shapes (pallas, xla, float64 oracle): 19.5 s with
 XLA's defaults, 3.8 s with both flags; five properties of the dev profile:
@@ -37,14 +31,6 @@ float64 oracle and 1.5e-7..6e-7 from each other: float32 rounding in
 another order, under half the policy's float32 floor (2e-6);
 verification/test_compile_settings.py keeps that checked.
 
-The last flag is about running, not compiling: twice in six fresh-clone
-gates (2026-12-03 and 12-04) both xdist workers sat idle for minutes, every
-thread on a futex, their Python frames in jax.Array._value of a finished
-compile (materialising the result of chunked foreign fixtures whose chunk
-math is Eigen dots and triangular solves), the known wedge of XLA:CPU's
-multi-threaded Eigen pool; with one thread per process there is no pool to
-wedge, and on two cores shared by two workers the pool bought nothing.
-
 The flags are added to XLA_FLAGS, before the process's first computation,
 only where they are known to exist (an unknown XLA flag aborts the process)
 and only on a machine without an accelerator plugin (the flags concern the
@@ -61,7 +47,7 @@ import os
 from typing import MutableMapping, Optional
 
 SUITE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0",
-               "--xla_cpu_parallel_codegen_split_count=1", "--xla_cpu_multi_thread_eigen=false")
+               "--xla_cpu_parallel_codegen_split_count=1")
 # jaxlib versions on which the flags were checked to exist and measured.
 VERIFIED_JAXLIB = ("0.10.",)
 OPT_OUT_ENV = "GDN_XLA_DEFAULTS"

@@ -7,7 +7,7 @@ x <- x * rsqrt(sum(x*x, -1) + QK_NORM_EPS).
 
 Chunked WY / UT form: T is padded to a multiple of chunk_size with identity
 steps (g = 0, beta = 0); within a chunk the unit lower-triangular system
-A = I + tril(diag(beta) K K^T * decay, -1) is solved with a triangular solve;
+A = I + tril(diag(beta) K K^T * decay, -1) is solved by forward substitution;
 pairwise decays are segment sums masked to -inf above the diagonal before
 exp (safe for g ~ -1e4); lax.scan carries the state between chunks.
 Float32 throughout, plain JAX autodiff.
@@ -15,6 +15,10 @@ Float32 throughout, plain JAX autodiff.
 
 import jax.numpy as jnp
 from jax import lax
+
+# not lax.linalg.triangular_solve: jaxlib's batched CPU solve can deadlock
+# on a 2-core machine (see its docstring)
+from verification.foreign_targets.bf16_compute_chunked import solve_unit_lower
 
 QK_NORM_EPS = 1e-6
 
@@ -66,9 +70,9 @@ def gated_delta_rule_normed(q, k, v, g, beta, *, scale=None, initial_state=None,
     g_cum = jnp.cumsum(g, axis=-1)                    # log decay chunk start -> i
     kk = jnp.einsum("...ik,...jk->...ij", k, k, precision=HI)
     lower = jnp.tril(jnp.ones((c, c), bool), -1)
-    a = jnp.eye(c, dtype=jnp.float32) + jnp.where(lower, beta[..., None] * kk * decay, 0.0)
+    strict = jnp.where(lower, beta[..., None] * kk * decay, 0.0)
     rhs = jnp.concatenate([beta[..., None] * v, (beta * jnp.exp(g_cum))[..., None] * k], -1)
-    sol = lax.linalg.triangular_solve(a, rhs, left_side=True, lower=True, unit_diagonal=True)
+    sol = solve_unit_lower(strict, rhs)
     u, wk = sol[..., :dv], sol[..., dv:]              # new values = u - wk @ S
     attn = jnp.einsum("...ik,...jk->...ij", q, k, precision=HI) * decay
     q_dec = jnp.exp(g_cum)[..., None] * q

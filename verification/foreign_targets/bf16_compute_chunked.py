@@ -13,7 +13,7 @@ beta = 0):
   D[i, j]   = exp(g_{j+1} + ... + g_i) for i >= j, else 0 (masked pairwise
               sums, never a difference of cumulative sums)
   A         = I + tril(beta_i k_i.k_j D[i, j], -1)           (rounded)
-  [U | W]   = A^-1 [beta v | beta exp(G) k]   (triangular solve, rounded)
+  [U | W]   = A^-1 [beta v | beta exp(G) k]   (forward substitution, rounded)
   new       = U - W S                                          (rounded)
   o         = scale (exp(G) q S + tril(q k^T D) new)
   S        <- exp(G_C) S + (D[C, :] k)^T new                  (float32)
@@ -57,6 +57,26 @@ def _dot(spec, a, b, cd):
                       precision=HIGHEST)
 
 
+def solve_unit_lower(strict, rhs):
+    """X with (I + strict) X = rhs by forward substitution, one row per
+    step. strict [..., C, C] strictly lower triangular; rhs [..., C, D].
+
+    Written out rather than lax.linalg.triangular_solve: jaxlib's CPU
+    solve (LAPACK trsm through FFI) splits its batch over XLA's intra-op
+    thread pool and waits for the pieces inside a pool thread; two solves
+    running at once on a 2-thread pool (a 2-core machine) then wait for
+    each other for ever (gdb: both pool threads in
+    jax::ParallelBatchMap's BlockingCounter::Wait, the caller in
+    BlockUntilReady; seen in 3 of 8 fresh-clone gates)."""
+    def row(x, i):
+        xi = rhs[..., i, :] - jnp.einsum("...j,...jd->...d", strict[..., i, :], x,
+                                         precision=HIGHEST)
+        return x.at[..., i, :].set(xi), None
+
+    x, _ = lax.scan(row, jnp.zeros_like(rhs), jnp.arange(rhs.shape[-2]))
+    return x
+
+
 def _pairwise_log_decay(g):
     """g [..., C] -> [..., C, C]: g_{j+1} + ... + g_i for i >= j (masked
     sums of g itself), -inf above the diagonal."""
@@ -96,9 +116,7 @@ def chunked_delta_rule(q, k, v, g, beta, s0, scale, chunk, state_dtype="float32"
                   * decay, 0.0).astype(cd)
     rhs = jnp.concatenate([beta[..., None] * v, (beta * jnp.exp(g_cum))[..., None] * k],
                           axis=-1).astype(cd)
-    solved = lax.linalg.triangular_solve(jnp.eye(chunk, dtype=F32) + a.astype(F32),
-                                         rhs.astype(F32), left_side=True, lower=True,
-                                         unit_diagonal=True).astype(cd)
+    solved = solve_unit_lower(a.astype(F32), rhs.astype(F32)).astype(cd)
     u, w = solved[..., :dv], solved[..., dv:]
     attn = (_dot("...ik,...jk->...ij", q, k, cd) * decay).astype(cd)
     q_dec = (jnp.exp(g_cum)[..., None] * q).astype(cd)
