@@ -35,7 +35,7 @@ FIELD_CHUNK = 128
 # Long rows of bfloat16 activations, where a decay sum or a state kept in
 # bfloat16 drifts: a few rows of LONG_TOKENS tokens appended after the
 # others, drawn only by strategies that ask for them (long_rows=True: the
-# parity properties) and only in the "pairs" coverings (ci, kill, nightly):
+# forward-parity properties) and only in the "pairs" coverings (ci, kill, nightly):
 # the dev loop stays short.
 LONG = "long"
 LONG_TOKENS = 1029          # > 1024, on no chunk boundary

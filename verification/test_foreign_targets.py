@@ -28,6 +28,9 @@ FOREIGN_TARGETS = ("verification.foreign_targets.float32_only_scan",
 # Targets whose float32 path is another's (bf16_compute_chunked's): bfloat16 examples only.
 BFLOAT16_ONLY = ("verification.foreign_targets.bf16_state_chunked",)
 EXAMPLES_PER_PROPERTY = 2
+# bfloat16 examples of a target declaring a compute precision, per property
+# (the explicit tests of its precision: verification/test_declared_precision.py)
+BFLOAT16_EXAMPLES = 1
 
 
 @pytest.mark.parametrize("spec", FOREIGN_TARGETS)
@@ -36,8 +39,8 @@ def test_correct_foreign_target_passes(prop_id, spec):
     p = PROPERTIES[prop_id]
     target = Target.parse(spec)
 
-    def run(strategy):
-        @settings(max_examples=EXAMPLES_PER_PROPERTY, derandomize=True, database=None,
+    def run(strategy, examples=EXAMPLES_PER_PROPERTY):
+        @settings(max_examples=examples, derandomize=True, database=None,
                   deadline=None, suppress_health_check=list(HealthCheck),
                   phases=[Phase.generate])
         @given(case=strategy)
@@ -52,6 +55,7 @@ def test_correct_foreign_target_passes(prop_id, spec):
         run(p.strategy)
     if target.declaration.supports.compute_precision != CONTRACT_PRECISION:
         try:
-            run(p.strategy.filter(lambda c: getattr(c, "dtype", "") == "bfloat16"))
+            run(p.strategy.filter(lambda c: getattr(c, "dtype", "") == "bfloat16"),
+                examples=BFLOAT16_EXAMPLES)
         except Unsatisfiable:          # the property draws no bfloat16 case
             pass
