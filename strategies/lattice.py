@@ -30,7 +30,8 @@ CHUNK_SIZES = (16, 32, 64)
 # own appended after them (FIELD_CHUNK_ROWS), crossing the lengths where a
 # large chunk matters: one nearly full chunk (the largest chunk matrix and
 # its triangular inverse), and a full chunk with a tail. 256 lies outside
-# the contract (16..128) and is not drawn.
+# the contract (16..128): drawn only for a target that declares it
+# (BEYOND_CONTRACT_CHUNKS below).
 FIELD_CHUNK = 128
 # Long rows of bfloat16 activations, where a decay sum or a state kept in
 # bfloat16 drifts: a few rows of LONG_TOKENS tokens appended after the
@@ -223,7 +224,6 @@ DELTA_LONG_ROWS = (
 # their own, drawn only for a target that declares them (the plugin passes
 # its declaration on: declare_beyond_contract), never for one that keeps to
 # the contract (its draws are those it had before they existed).
-BEYOND_CONTRACT_CHUNKS = (256,)
 MIXER_BEYOND_CONTRACT_ROWS = {256: (
     (256, "C-1", _GVA2, 1, 4, _BF16_F32, "[Hv]", "[B,Hv]", True),
     (256, "C+1", _PLAIN, 2, 2, _F32, "[B,1,Hv]", "[Hv]", False),
@@ -232,6 +232,9 @@ DELTA_BEYOND_CONTRACT_ROWS = {256: (
     (256, "C-1", _PLAIN, 1, _F32, True),
     (256, "C+1", _GVA2, 2, _BF16_F32, True),
 )}
+# The chunk sizes beyond the contract a target may declare
+# (declaration.Supports.chunk_sizes): those the tables above have rows of.
+BEYOND_CONTRACT_CHUNKS = tuple(MIXER_BEYOND_CONTRACT_ROWS)
 _DECLARED = {"beyond_contract": ()}
 
 

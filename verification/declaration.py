@@ -31,9 +31,6 @@ DECLARATION_ATTR = "GDN_KERNEL"
 
 CONTRACT_DTYPES = ("float32", "bfloat16")
 CONTRACT_CHUNK_SIZES = (16, 32, 64, 128)
-# Chunk sizes beyond the contract a target may declare (field kernels use
-# 256): drawn only for a target that declares them (strategies.lattice).
-BEYOND_CONTRACT_CHUNK_SIZES = (256,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,12 +118,17 @@ class KernelDeclaration:
             raise ValueError(f"KernelDeclaration: supports.compute_precision "
                              f"{self.supports.compute_precision!r} is not one of "
                              f"{sorted(PRECISIONS)}")
-        chunks = set(self.supports.chunk_sizes or ()) - set(CONTRACT_CHUNK_SIZES
-                                                           + BEYOND_CONTRACT_CHUNK_SIZES)
-        if chunks:
-            raise ValueError(f"KernelDeclaration: supports.chunk_sizes {sorted(chunks)} are "
-                             f"neither contract chunk sizes {CONTRACT_CHUNK_SIZES} nor "
-                             f"{BEYOND_CONTRACT_CHUNK_SIZES}")
+        if self.supports.chunk_sizes is not None:
+            # the sizes beyond the contract a target may declare are the
+            # lattice's (imported here: importing the package stays free of
+            # Hypothesis)
+            from strategies.lattice import BEYOND_CONTRACT_CHUNKS
+            chunks = set(self.supports.chunk_sizes) - set(CONTRACT_CHUNK_SIZES
+                                                          + BEYOND_CONTRACT_CHUNKS)
+            if chunks:
+                raise ValueError(f"KernelDeclaration: supports.chunk_sizes {sorted(chunks)} "
+                                 f"are neither contract chunk sizes {CONTRACT_CHUNK_SIZES} "
+                                 f"nor {BEYOND_CONTRACT_CHUNKS}")
         unknown = set(self.supports.dtypes) - set(CONTRACT_DTYPES)
         if unknown:
             raise ValueError(f"KernelDeclaration: supports.dtypes {sorted(unknown)} are not "

@@ -190,7 +190,7 @@ def target_fn(target: Target, op: str):
 def _oracle_fn(op: str):
     """The oracle's public function for op, taking the case's chunk_size and
     ignoring it: the token scan has no chunks, and a target may declare
-    chunk sizes beyond the contract's (declaration.BEYOND_CONTRACT_CHUNK_SIZES)."""
+    chunk sizes beyond the contract's (strategies.lattice.BEYOND_CONTRACT_CHUNKS)."""
     public = reference_api.gated_delta_rule if op == "delta" else reference_api.gdn_decoupled_conv1d
 
     def oracle(*args, chunk_size=None, **kwargs):

@@ -9,4 +9,9 @@ float32_only_scan     token scan in float32, plain autodiff; refuses float64.
 float32_compute_scan  the same math; accepts float64 inputs but computes in
                       float32 and casts the results back (float64 carrying
                       float32 noise).
+bf16_compute_chunked  chunked WY computing bfloat16 inputs in bfloat16 (float32
+                      state), declared so (compute_precision "bfloat16"); chunk
+                      sizes up to 256, beyond the contract.
+bf16_state_chunked    the same with its state kept in bfloat16, declared
+                      "bfloat16-state".
 """

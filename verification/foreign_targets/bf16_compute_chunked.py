@@ -33,7 +33,7 @@ from jax import lax
 from gdn_kernels import GDNState, validation
 from verification.declaration import KernelDeclaration, Supports
 
-from .float32_only_scan import as_rank3, l2norm_forward
+from .float32_only_scan import causal_conv_silu, gates, split_heads
 
 F32 = jnp.float32
 HIGHEST = lax.Precision.HIGHEST
@@ -140,20 +140,10 @@ def _layer(x, conv_weight, a, b, a_log, dt_bias, hist0, static):
     """The mixer's float32 stages on history-then-x: silu(causal conv), the
     q/k/v split, the optional QK norm, the gates. Returns (q, k, v, g,
     beta, the last K-1 inputs)."""
-    hk, hv, dk, dv, use_qk_norm, eps = static[:6]
-    bsz, t, _ = x.shape
-    width = conv_weight.shape[0]
+    q, k, v = split_heads(causal_conv_silu(x, conv_weight, hist0), *static[:6])
+    g, beta = gates(a, b, a_log, dt_bias)
     window = jnp.concatenate([hist0, x], axis=1)                # [B, K-1+T, C]
-    pre = sum(conv_weight[j] * window[:, j:j + t] for j in range(width))
-    y = pre * jax.nn.sigmoid(pre)
-    q = y[..., :hk * dk].reshape(bsz, t, hk, dk)
-    k = y[..., hk * dk:2 * hk * dk].reshape(bsz, t, hk, dk)
-    v = y[..., 2 * hk * dk:].reshape(bsz, t, hv, dv)
-    if use_qk_norm:
-        q, k = l2norm_forward(q, eps), l2norm_forward(k, eps)
-    g = -jnp.exp(as_rank3(a_log)) * jax.nn.softplus(a + as_rank3(dt_bias))
-    return (q, k, v, jnp.broadcast_to(g, a.shape), jax.nn.sigmoid(b),
-            window[:, window.shape[1] - (width - 1):])
+    return q, k, v, g, beta, window[:, window.shape[1] - (conv_weight.shape[0] - 1):]
 
 
 @functools.lru_cache(maxsize=None)

@@ -70,10 +70,14 @@ def l2norm_backward(x, dy, eps):
     return jax.vjp(lambda z: l2norm_forward(z, eps), x)[1](dy)[0]
 
 
-def causal_conv_silu(x, w):
-    """silu(sum_j w[j] * x[t - (K-1) + j]) with zeros before t = 0."""
+def causal_conv_silu(x, w, history=None):
+    """silu(sum_j w[j] * x[t - (K-1) + j]) with history [B, K-1, C] before
+    t = 0 (None: zeros)."""
     width, t = w.shape[0], x.shape[1]
-    padded = jnp.pad(x, ((0, 0), (width - 1, 0), (0, 0)))
+    if history is None:
+        padded = jnp.pad(x, ((0, 0), (width - 1, 0), (0, 0)))
+    else:
+        padded = jnp.concatenate([history, x], axis=1)
     pre = sum(w[j] * padded[:, j:j + t] for j in range(width))
     return pre * jax.nn.sigmoid(pre)
 
@@ -83,19 +87,29 @@ def as_rank3(p):
     return p.reshape((1, 1) + p.shape) if p.ndim == 1 else (p[:, None] if p.ndim == 2 else p)
 
 
-def mixer(x, conv_weight, a, b, a_log, dt_bias, hk, hv, dk, dv, use_qk_norm, eps, scale):
-    """The whole mixer in float32 (inputs already float32)."""
-    bsz, t, _ = x.shape
-    y = causal_conv_silu(x, conv_weight)
+def split_heads(y, hk, hv, dk, dv, use_qk_norm, eps):
+    """The conv output y [B, T, C] as q, k [B, T, Hk, Dk] (L2-normalised
+    when use_qk_norm) and v [B, T, Hv, Dv]."""
+    bsz, t, _ = y.shape
     q = y[..., :hk * dk].reshape(bsz, t, hk, dk)
     k = y[..., hk * dk:2 * hk * dk].reshape(bsz, t, hk, dk)
     v = y[..., 2 * hk * dk:].reshape(bsz, t, hv, dv)
     if use_qk_norm:
         q, k = l2norm_forward(q, eps), l2norm_forward(k, eps)
+    return q, k, v
+
+
+def gates(a, b, a_log, dt_bias):
+    """(g, beta) [B, T, Hv]: g = -exp(a_log) softplus(a + dt_bias), beta = sigmoid(b)."""
     g = -jnp.exp(as_rank3(a_log)) * jax.nn.softplus(a + as_rank3(dt_bias))
-    beta = jax.nn.sigmoid(b)
-    return scan(q, k, v, jnp.broadcast_to(g, a.shape), beta,
-                jnp.zeros((bsz, hv, dk, dv), F32), scale)[0]
+    return jnp.broadcast_to(g, a.shape), jax.nn.sigmoid(b)
+
+
+def mixer(x, conv_weight, a, b, a_log, dt_bias, hk, hv, dk, dv, use_qk_norm, eps, scale):
+    """The whole mixer in float32 (inputs already float32)."""
+    q, k, v = split_heads(causal_conv_silu(x, conv_weight), hk, hv, dk, dv, use_qk_norm, eps)
+    g, beta = gates(a, b, a_log, dt_bias)
+    return scan(q, k, v, g, beta, jnp.zeros((x.shape[0], hv, dk, dv), F32), scale)[0]
 
 
 # ------------------------------------------------------------------ packed rows (section 6)
@@ -167,14 +181,9 @@ def packed_mixer(x, conv_weight, a, b, a_log, dt_bias, ids, hist0, s0, hk, hv, d
     Every per-token input, the broadcast gate parameters included, is
     zeroed at padding by a select before use, so padding cotangents are
     exactly 0. Returns (o, conv history, state) after the row."""
-    bsz, t, _ = x.shape
     real, start = packing_masks(ids)
     y, hist = packed_causal_conv_silu(x, conv_weight, real, start, hist0)
-    q = y[..., :hk * dk].reshape(bsz, t, hk, dk)
-    k = y[..., hk * dk:2 * hk * dk].reshape(bsz, t, hk, dk)
-    v = y[..., 2 * hk * dk:].reshape(bsz, t, hv, dv)
-    if use_qk_norm:
-        q, k = l2norm_forward(q, eps), l2norm_forward(k, eps)
+    q, k, v = split_heads(y, hk, hv, dk, dv, use_qk_norm, eps)
     a_log3 = keep_real(jnp.broadcast_to(as_rank3(a_log), a.shape), real)
     dt_bias3 = keep_real(jnp.broadcast_to(as_rank3(dt_bias), a.shape), real)
     g = -jnp.exp(a_log3) * jax.nn.softplus(keep_real(a, real) + dt_bias3)
