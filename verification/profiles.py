@@ -22,6 +22,23 @@ kill     the mutation runner's: ci's examples, derandomized, no database,
          (examples to kill is counted there); shrinking that failure would
          only rerun the broken kernel on smaller cases, each a new compile.
 Selected by --hypothesis-profile NAME or the GDN_PROFILE environment variable.
+
+The draws depend on the profile, the property, the target's declaration and
+the Hypothesis version (pinned in pyproject.toml), never on the process that
+makes them. Hypothesis's generator, one draw in twenty, returns a constant
+found in the source of a "local" module loaded in the process (any module
+not in site-packages or the standard library, and whose path has no "test"
+part): which ones are loaded grows with the process's history (the previous
+mutants' packages in a reused worker, modules a test imported lazily, the
+tests an xdist worker ran before, the entry point), and every literal of the
+project's code is in it. The same derandomized profile then drew other
+examples in a reused mutation worker than in a fresh process (issue 40:
+mutant no_decay_between_chunks killed at example 28 instead of 26), and other
+examples after any edit that added a number anywhere in the code. The
+suite's strategies draw from a lattice and a seed, where a constant of our
+own code is no better a value than any other: `freeze_local_constants`
+keeps that pool empty in every process that registers these profiles
+(Hypothesis's own table of constants, fixed by its version, still applies).
 """
 
 from __future__ import annotations
@@ -63,12 +80,46 @@ def dev_database():
     return database_for_dev(DirectoryBasedExampleDatabase(local_database_dir()))
 
 
+def freeze_local_constants() -> None:
+    """Keep Hypothesis's pool of constants read from the process's local
+    modules empty from now on (see the module's docstring: the pool made
+    derandomized draws depend on the process's history). The pool is a
+    module global that Hypothesis extends by union (`pool | new`) whenever
+    the process has loaded new modules: it is replaced by an empty pool
+    whose union is itself, and the cache of constants already admitted per
+    draw kind is cleared. Idempotent; raises RuntimeError naming what is
+    missing if this Hypothesis keeps its pool elsewhere (the version pinned
+    in pyproject.toml is the one this was written and tested against)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+        providers._local_constants, providers.CONSTANTS_CACHE.cache   # noqa: B018
+    except (ImportError, AttributeError) as err:
+        import hypothesis
+        raise RuntimeError(
+            f"gdn-verify cannot keep Hypothesis {hypothesis.__version__}'s local-constant "
+            f"pool empty ({err}); its derandomized draws would depend on the process's "
+            "history: install the version pyproject.toml pins") from None
+    if not getattr(providers._local_constants, "frozen_empty", False):
+        class FrozenEmptyConstants(Constants):
+            """No constants, and a union with more is still none."""
+            frozen_empty = True
+
+            def __or__(self, other):
+                return self
+
+        providers._local_constants = FrozenEmptyConstants()
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
 def register_profiles(examples: Optional[int] = None) -> None:
-    """Register the profiles; examples (--gdn-examples) replaces every
+    """Register the profiles (and keep the draws independent of the
+    process: freeze_local_constants); examples (--gdn-examples) replaces every
     profile's examples per property. (Hypothesis is imported here, not with
     the module: `gdn-verify` reads PROFILES before pytest starts, and pytest
     can only rewrite the asserts of plugins it imports itself.)"""
     from hypothesis import Phase, settings
+    freeze_local_constants()
     from hypothesis.database import DirectoryBasedExampleDatabase
     _SUPPRESS = _suppressed()
     count = (lambda name: examples) if examples else EXAMPLES.get
