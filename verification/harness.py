@@ -24,9 +24,10 @@ import pytest
 from hypothesis import example, given, reject, settings
 from hypothesis.errors import Unsatisfiable
 
+from strategies import lattice
 from strategies.cases import MixerCase
 
-from . import known_failures, mesh_worker, runners
+from . import claims, known_failures, mesh_worker, runners
 from .registry import Property, PropertyFailure, classed, is_not_checkable, not_checkable_row
 from .properties import load_all
 from .tolerance import TensorError, failure_class, raised_class
@@ -67,6 +68,15 @@ class PropertyStats:
     # tensor -> {"examples", "worst"}: rows that held only at the target's
     # declared precision (tolerance.DEVIATES), worst = ratio at the contract's bound
     deviations: Dict[str, dict] = dataclasses.field(default_factory=dict)
+    # coverage claims (verification/claims.py): claim -> checked examples that
+    # met it; claim -> why this run built no case to meet it
+    claims_met: Dict[str, int] = dataclasses.field(default_factory=dict)
+    claims_unmet: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def met(self, names) -> None:
+        """Count the claims one checked example met."""
+        for name in names:
+            self.claims_met[name] = self.claims_met.get(name, 0) + 1
 
     def add_deviation(self, tensor: str, ratio: float, examples: int = 1) -> None:
         d = self.deviations.setdefault(tensor, {"examples": 0, "worst": 0.0})
@@ -192,6 +202,8 @@ def check_property(name: str, target, case, record: bool = True,
     if unresolved:
         stats.unresolved += 1
         _add_reason(stats, unresolved[0].note.split(";")[0].split(": ", 1)[-1])
+    else:
+        stats.met(claims.claims_met(claims.claims_of(prop, lattice.current_covering()), case))
     return rows
 
 
@@ -218,12 +230,14 @@ def _update_worst(stats: PropertyStats, rows: List[TensorError]) -> None:
             stats.worst[r.name] = r
 
 
-def examples(weight: float):
+def examples(weight: float, claim_cases: int = 0):
     """A settings decorator scaling the profile's max_examples by `weight`:
     cheap properties (no compile per example) run more examples, the ones
-    that run the target several times per example run fewer."""
+    that run the target several times per example run fewer. The property's
+    claim cases count against that budget (they are drawn from its strategy
+    too, only chosen); the drawn examples fill the rest, one at least."""
     base = settings().max_examples
-    return settings(max_examples=max(1, int(round(base * weight))))
+    return settings(max_examples=max(1, int(round(base * weight)) - claim_cases))
 
 
 def reasons_text(stats: PropertyStats) -> str:
@@ -259,6 +273,8 @@ def conclude_test(p: Property, stats: PropertyStats) -> None:
 
 def hypothesis_test(p: Property):
     """The pytest test of one property: its explicit examples first, then
+    its claim cases (verification/claims.py: the fewest cases the target
+    takes that meet every coverage claim the explicit ones do not), then
     its strategy's within its share of the profile's example budget; a case
     the target cannot take is rejected (Hypothesis draws another); marked
     gdn_property(<id>) for selection by id (--gdn-properties)."""
@@ -272,10 +288,6 @@ def hypothesis_test(p: Property):
 
     test.__name__ = test.__qualname__ = f"test_{p.id}"
     test._hypothesis_internal_add_digest = p.id.encode()
-    given_test = given(case=p.strategy)(test)
-    for case in reversed(p.examples):
-        given_test = example(case=case)(given_test)
-    given_test = examples(p.weight)(given_test)
 
     def property_test(gdn_target):
         stats = session().stats.setdefault(p.id, PropertyStats())
@@ -283,6 +295,12 @@ def hypothesis_test(p: Property):
         if reason:
             _add_reason(stats, reason)
         else:
+            plan = claims.plan(p, gdn_target)
+            stats.claims_unmet.update(plan.unmet)
+            given_test = given(case=p.strategy)(test)
+            for case in reversed(p.examples + plan.cases):
+                given_test = example(case=case)(given_test)
+            given_test = examples(p.weight, len(plan.cases))(given_test)
             try:
                 given_test(gdn_target)
             except Unsatisfiable:
@@ -326,7 +344,8 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
                    "reasons": dict(st.reasons),
                    "worst": [dataclasses.asdict(r) for r in st.worst.values()],
                    "classes": {k: dict(c) for k, c in st.classes.items()},
-                   "deviations": {k: dict(d) for k, d in st.deviations.items()}}
+                   "deviations": {k: dict(d) for k, d in st.deviations.items()},
+                   "claims_met": dict(st.claims_met), "claims_unmet": dict(st.claims_unmet)}
             for name, st in (session().stats if stats is None else stats).items()}
 
 
@@ -359,3 +378,6 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
             st.add_deviation(tensor, dev["worst"], dev["examples"])
         for klass, c in d.get("classes", {}).items():
             st.add_failure(klass, c["worst"], c["examples"], c["file"])
+        for claim, n in d.get("claims_met", {}).items():
+            st.claims_met[claim] = st.claims_met.get(claim, 0) + n
+        st.claims_unmet.update(d.get("claims_unmet", {}))

@@ -362,7 +362,7 @@ def summary_lines(suite: Suite):
     from .shards import projection_line
     lines = []
     head = (f"{'property':<42}{'verdict':>14}{'examples':>9}{'n/c':>5}{'fail':>5}"
-            f"{'compiles':>9}{'ex/comp':>8}{'time s':>8}  worst tensor (error/bound)")
+            f"{'claims':>8}{'compiles':>9}{'ex/comp':>8}{'time s':>8}  worst tensor (error/bound)")
     lines.append(head)
     lines.append("-" * (len(head) + 10))
     for name in sorted(suite.session.stats):
@@ -377,13 +377,34 @@ def summary_lines(suite: Suite):
         if st.classes:
             w += f"; counterexample {_class_file(st, st.worst_class)}"
         per = f"{st.examples / st.compiles:.1f}" if st.compiles else "-"
+        met, unmet = claim_status(name, st)
         lines.append(f"{name:<42}{st.verdict or '-':>14}{st.examples:>9}{st.not_checkable:>5}"
-                     f"{st.failures:>5}{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
+                     f"{st.failures:>5}{f'{len(met)}/{len(met) + len(unmet)}':>8}"
+                     f"{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
         lines += failure_class_lines(st)
+        if st.checked:      # a property not checkable at all says why in its row
+            lines += [f"    claim not met: {claim}: {why}" for claim, why in unmet.items()]
     lines += deviation_lines(suite.target.declaration, suite.session.stats)
     lines.append(projection_line(list(suite.test_seconds.values()), "test-session"))
     lines += verdict_lines(suite, suite.session.stats)
     return lines
+
+
+def claim_status(name: str, st) -> tuple:
+    """(claims the property's checked examples met, {claim not met: why})
+    for the loaded profile's claims (verification/claims.py)."""
+    from strategies import lattice
+    from .claims import claims_of
+    from .properties import load_all
+    p = load_all().get(name)
+    if p is None:
+        return [], {}
+    claims = claims_of(p, lattice.current_covering())
+    met = sorted(c for c in claims if st.claims_met.get(c))
+    unmet = {c: st.claims_unmet.get(c, "no checked example met it") for c in claims
+             if c not in met}
+    unmet.update({c: why for c, why in st.claims_unmet.items() if c not in claims})
+    return met, unmet
 
 
 def _shown_path(path: str) -> str:
@@ -459,6 +480,11 @@ def verdict_lines(suite: Suite, stats) -> list:
     if deviating:
         lines.append(f"  deviates from the contract's float32 (not failures): "
                      f"{', '.join(deviating)}")
+    status = [claim_status(name, st) for name, st in stats.items() if st.checked]
+    met = sum(len(m) for m, _ in status)
+    unmet = sum(len(u) for _, u in status)
+    lines.append(f"  coverage claims met by the checked examples: {met} of {met + unmet}"
+                 + (f" ({unmet} not met: listed under their properties)" if unmet else ""))
     nc = by.get(harness.NOT_CHECKABLE, [])
     partly = sum(st.not_checkable for n, st in stats.items() if n not in nc)
     lines.append(f"  not checkable: {len(nc)} properties"

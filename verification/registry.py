@@ -92,9 +92,12 @@ class Property:
     examples:     explicit cases run first in every profile (regressions)
     covers:       coverage claims: name -> predicate on a case; the
                   strategy must reach each (meta-test)
-    gate_covers:  claims the strategy reaches only in the lattice's "pairs"
-                  covering (ci, kill, nightly), e.g. the LONG rows dev
-                  leaves out (meta-test in ci)
+    gate_covers:  claims met only in the gate's profiles (the lattice's
+                  "pairs" covering: ci, kill, nightly), e.g. the LONG rows
+                  dev leaves out (meta-test in ci); the dev summary lists
+                  them unmet with gate_only_why
+    gate_only_why: why the dev loop leaves the gate_covers to the gate
+                  (default: claims.GATE_ONLY, the rows dev's covering lacks)
     devices:      devices its check needs (a mesh); with fewer in this
                   process it runs in a mesh worker (verification/mesh_worker.py)
     on_sharded_target: part of the declared subset `.ci/run` runs against
@@ -114,6 +117,7 @@ class Property:
     examples: Tuple = ()
     covers: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
     gate_covers: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
+    gate_only_why: str = ""
     devices: int = 1
     on_sharded_target: bool = False
     needs: Tuple[str, ...] = ()
@@ -143,7 +147,7 @@ PROPERTIES: Dict[str, Property] = {}
 
 def prop(prop_id: str, *, family: str, strategy: st.SearchStrategy, wrong_target: str,
          weight: float = 1.0, examples: Tuple = (), covers: Mapping[str, Callable] = None,
-         gate_covers: Mapping[str, Callable] = None, devices: int = 1,
+         gate_covers: Mapping[str, Callable] = None, gate_only_why: str = "", devices: int = 1,
          on_sharded_target: bool = False, needs: Tuple[str, ...] = (),
          needs_of_case: Callable = case_needs):
     """Register the decorated check function as property `prop_id`."""
@@ -156,7 +160,8 @@ def prop(prop_id: str, *, family: str, strategy: st.SearchStrategy, wrong_target
             raise ValueError(f"property {prop_id} declared twice")
         PROPERTIES[prop_id] = Property(prop_id, family, check, strategy, weight,
                                        wrong_target, tuple(examples), dict(covers or {}),
-                                       dict(gate_covers or {}), devices, on_sharded_target,
+                                       dict(gate_covers or {}), gate_only_why, devices,
+                                       on_sharded_target,
                                        tuple(needs), needs_of_case)
         return check
     return deco

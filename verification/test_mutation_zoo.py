@@ -8,14 +8,16 @@ counterexample file written on failure replays to the same failure (and
 passes on the correct target)."""
 
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 
-from . import counterexamples, harness, mesh_worker
+import dataclasses
+
+from . import claims, counterexamples, harness, mesh_worker
 from .cli import replay
 from .mutants import MUTANTS, PatchError, apply_patch, changed_functions, mutated_source
 from .registry import FAMILIES, PROPERTIES, PropertyFailure
 from .properties import load_all
-from .targets import Target
+from .targets import DEFAULT_TARGET, Target
 
 load_all()
 
@@ -64,24 +66,59 @@ def test_property_fails_on_its_wrong_target(prop_id):
 
 @pytest.mark.parametrize("profile", ("dev", "ci"))     # the two coverings of the lattice
 @pytest.mark.parametrize("prop_id", sorted(PROPERTIES))
-def test_strategy_reaches_every_coverage_claim(prop_id, profile):
-    """Each claim is reached by some case of the property's strategy, in the
-    dev loop's lattice covering as in the gate's, and each gate-only claim
-    in the gate's (data only: no kernel runs)."""
+def test_every_run_meets_every_claim(prop_id, profile):
+    """The cases a run of the property starts with (its explicit examples,
+    then its claim cases, as the harness builds them for our default
+    target; data only, no kernel runs) meet every claim the profile holds
+    it to; only the gate-only claims are unmet in dev, with that reason.
+    And each claim case is needed: without it, some claim goes unmet."""
     p = PROPERTIES[prop_id]
     assert p.covers, f"{prop_id} declares no coverage claim"
-    quick = settings(max_examples=2000, database=None, derandomize=True,
-                     suppress_health_check=list(HealthCheck), phases=[Phase.generate])
     previous = settings.get_current_profile_name()
     settings.load_profile(profile)
     try:
-        claims = dict(p.covers, **(p.gate_covers if profile != "dev" else {}))
-        for claim, predicate in claims.items():
-            if any(predicate(c) for c in p.examples):
-                continue
-            find(p.strategy, predicate, settings=quick)   # NoSuchExample: claim unreached
+        plan = claims.plan(p, Target.parse(DEFAULT_TARGET))
     finally:
         settings.load_profile(previous)
+    run = p.examples + plan.cases
+    assert set(plan.claims) >= set(p.covers) and not claims.unmet_by(plan.claims, run), plan
+    gate_only = ({c: p.gate_only_why or claims.GATE_ONLY for c in p.gate_covers}
+                 if profile == "dev" else {})
+    assert dict(plan.unmet) == gate_only
+    for i in range(len(plan.cases)):
+        fewer = p.examples + plan.cases[:i] + plan.cases[i + 1:]
+        assert claims.unmet_by(plan.claims, fewer), f"claim case {i} meets no claim alone"
+
+
+def test_a_claim_no_case_meets_is_reported_with_its_reason():
+    """A claim the target refuses every case of, and one the strategy never
+    reaches, are reported unmet with why (never dropped); the others met."""
+    p = PROPERTIES["mixer_split_invariance"]
+    odd = dataclasses.replace(p, id="claims_meta_probe", covers={
+        **p.covers, "T=10000": lambda c: c.seq_len == 10000})
+    refusing = Target.parse(DEFAULT_TARGET)
+    previous = settings.get_current_profile_name()
+    settings.load_profile("dev")
+    try:
+        plan = claims._plan(odd, "values", None)
+        refused = claims._plan(dataclasses.replace(odd, needs=()), "values", _NoBfloat16(refusing))
+    finally:
+        settings.load_profile(previous)
+    assert set(plan.unmet) == {"T=10000"} and "2000 draws" in plan.unmet["T=10000"]
+    assert "bfloat16" in refused.unmet and "does not take" in refused.unmet["bfloat16"]
+    assert not claims.unmet_by({k: v for k, v in plan.claims.items() if k != "T=10000"},
+                               plan.cases)
+
+
+class _NoBfloat16:
+    """A target that takes no bfloat16 case (for the probe above)."""
+    def __init__(self, target):
+        self.target = target
+
+    def not_checkable(self, needs):
+        if "dtype:bfloat16" in needs:
+            return "the target declares no bfloat16"
+        return self.target.not_checkable(needs)
 
 
 ROUND_TRIPS = [
@@ -133,6 +170,36 @@ def test_each_failure_class_gets_its_own_counterexample(tmp_path, capsys):
         assert f"STILL FAILS: {prop} [{klass}]" in out and "recorded as" not in out, out
     (row,) = [line for line in proc.stdout.splitlines() if line.startswith(f"{prop} ")]
     assert "dg: rel inf" in row and row.endswith(files["dg float32 non-finite"]), row
+
+
+# The state family's split kinds, one seeded bug each (verification/mutants/catalog.py).
+SPLIT_KIND_MUTANTS = ("one_token_call_conv_state_not_shifted", "short_call_history_dropped",
+                      "chunk_edge_state_decayed_twice", "one_token_call_state_gradient_dropped")
+
+
+@pytest.mark.long_running
+@pytest.mark.parametrize("name", SPLIT_KIND_MUTANTS)
+def test_split_kind_mutants_are_killed_in_the_dev_loop(name, tmp_path):
+    """Each split kind's mutant is killed by the split property in the dev
+    profile (the user's main job: 2 drawn examples of that property, a
+    fresh example database), as the mutation run kills it in the kill
+    profile: the run's claim cases meet every split kind, every time."""
+    import json
+    import subprocess
+    import sys
+    from .mutants import materialize
+    from .mutants.runner import PROPERTY_TESTS, _env, _killer
+    stats_file = str(tmp_path / "stats.json")
+    env = _env(str(tmp_path), stats_file)
+    env.update(GDN_PROFILE="dev", GDN_HYPOTHESIS_DB=str(tmp_path / "db"))
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", PROPERTY_TESTS, "-p", "gdn_verify", "-x", "-q",
+         "--gdn-target", f"{materialize(name)}:xla", "-p", "no:cacheprovider",
+         "--gdn-properties", "mixer_split_invariance", "-p", "no:xdist"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 1, ran.stdout[-3000:]
+    with open(stats_file) as f:
+        assert _killer(json.load(f))[0] == "mixer_split_invariance"
 
 
 def test_a_mutated_kernel_is_another_program_for_the_compile_cache():

@@ -340,6 +340,48 @@ _ALL += [
            "[:, ext.shape[1] - history:]",
            ("prompt_then_decode", "mixer_split_invariance"),
            function="conv_state"),
+    # one per edge class of a split the state family claims (mixer_split_invariance's
+    # SPLIT_COVERS): each is met by a claim case in every run, the dev loop's included
+    Mutant("one_token_call_conv_state_not_shifted",
+           "T1=1: a one-token call returns the conv history it was handed, its token "
+           "not shifted in",
+           "mixer.py",
+           "        return ext[:, ext.shape[1] - history:]",
+           "        return ext[:, :history] if ext.shape[1] == history + 1 else "
+           "ext[:, ext.shape[1] - history:]",
+           ("mixer_split_invariance",),
+           function="conv_state"),
+    Mutant("short_call_history_dropped",
+           "1<T<K-1 after a non-zero history: a call of 2..K-2 tokens returns a conv state "
+           "of its own inputs zero-padded, dropping the history it was handed",
+           "mixer.py",
+           "        return ext[:, ext.shape[1] - history:]",
+           "        row = ext.shape[1] - history\n"
+           "        kept = jnp.pad(ext[:, history:], ((0, 0), (history, 0), (0, 0))) "
+           "if 1 < row < history else ext\n"
+           "        return kept[:, ext.shape[1] - history:]",
+           ("mixer_split_invariance",),
+           function="conv_state"),
+    Mutant("chunk_edge_state_decayed_twice",
+           "T1=C: a call ending on a chunk edge (no tail padding) applies its last token's "
+           "decay to the returned recurrent state a second time",
+           "mixer.py",
+           "    (o,) = zero_padding_all(seg, o.astype(x.dtype))\n"
+           "    conv = conv_state(",
+           "    if x.shape[1] % cfg.chunk_size == 0:\n"
+           "        s_final = s_final * jnp.exp(pro.g[:, -1])[..., None, None]\n"
+           "    (o,) = zero_padding_all(seg, o.astype(x.dtype))\n"
+           "    conv = conv_state(",
+           ("mixer_split_invariance",),
+           function="_forward"),
+    Mutant("one_token_call_state_gradient_dropped",
+           "T2=1: a one-token call returns a zero cotangent for the recurrent state it was "
+           "handed (the long call before it gets no gradient through the hand-off)",
+           "mixer.py",
+           "ds0.astype(state.recurrent.dtype))",
+           "(ds0 if x.shape[1] > 1 else jnp.zeros_like(ds0)).astype(state.recurrent.dtype))",
+           ("mixer_split_invariance",),
+           function="_bwd"),
     Mutant("decode_eps_mismatch",
            "decode-length calls (T <= 4) normalise q/k with eps 1e-12 instead of the call's eps",
            "mixer.py",

@@ -167,6 +167,13 @@ def _delta_rows(target: Target, case: DeltaRuleCase) -> List[TensorError]:
 
 
 MESH_COVERS = {kind.name: (lambda c, kind=kind: mesh_kind(c) == kind) for kind in MESH_KINDS}
+# The mesh layouts are the gate's claims on the two equality properties: each
+# is a program of its own in the mesh worker (measured: 4 claim cases took the
+# dev main job from 3 to 7 examples and 12 to 70 CPU seconds on these two);
+# the dev loop checks the layouts of its explicit and drawn examples.
+MESH_LAYOUTS_GATE_ONLY = ("gate-only: each mesh layout is a program of its own in the mesh "
+                          "worker; the dev loop checks the layouts its examples draw, the "
+                          "ci, kill and nightly profiles every layout")
 HEAD_SPLIT_GVA = {"GVA heads split": lambda c: c.group > 1 and mesh_kind(c).shards[1] > 1}
 
 # GVA (G = 2, two key heads) on the (4, 2) mesh (seed % 6 == 1) and G = 4 on
@@ -182,7 +189,8 @@ MIXER_GVA_SPLIT = (mixer_case("gva2-2keys-dk<dv", 2, 33, 16, seed=1, param_rank=
       strategy=st.one_of(delta_rule_cases(), delta_rule_cases(packed=True)),
       wrong_target="gdn_mutant_sharded_initial_state_ignored:xla", weight=0.1,
       devices=MESH_DEVICES, needs=("sharded",), examples=DELTA_GVA_SPLIT,
-      covers={**MESH_COVERS, **HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments)})
+      covers={**HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments)},
+      gate_covers=MESH_COVERS, gate_only_why=MESH_LAYOUTS_GATE_ONLY)
 def sharded_delta_rule_equals_one_device(target, case: DeltaRuleCase):
     """gated_delta_rule over a mesh of 8 devices equals the one-device op
     (outputs, final state, every cotangent) within summation-order error,
@@ -232,9 +240,10 @@ def _mixer_shard_rows(one: Target, case, kind, shard, inputs, state, m_out):
       strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
       wrong_target="gdn_mutant_sharded_value_heads_by_key_index:xla", weight=0.1,
       devices=MESH_DEVICES, needs=("sharded", "carried_state"), examples=MIXER_GVA_SPLIT,
-      covers={**MESH_COVERS, **HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments),
+      covers={**HEAD_SPLIT_GVA, "packed": lambda c: bool(c.segments),
               "a_log with a batch axis": lambda c: param_has_batch_axis(c.a_log_shape,
-                                                                        c.batch)})
+                                                                        c.batch)},
+      gate_covers=MESH_COVERS, gate_only_why=MESH_LAYOUTS_GATE_ONLY)
 def sharded_mixer_equals_one_device(target, case: MixerCase):
     """gdn_decoupled_conv1d over a mesh of 8 devices, from a carried
     GDNState, equals the one-device mixer: outputs, returned state and every

@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 from gdn_kernels import GDNState
 from strategies import lattice, mixer_cases
 from strategies.cases import MixerCase, replace
-from strategies.state import (DECODE_LOOP_STEPS, decode_steps, incoming_state, pieces,
-                              split_kind)
+from strategies.state import DECODE_LOOP_STEPS, decode_steps, incoming_state, pieces
 
 from .. import runners
 from ..registry import prop
@@ -87,8 +86,21 @@ def _handoff_rows(target, case: MixerCase, kind: str, label: str):
     return rows + _rows_vs_oracle(case, cut, label, inputs, state)
 
 
-SPLIT_COVERS = {kind: (lambda c, kind=kind: split_kind(c) == kind)
-                for kind in ("T1=1", "T1<K-1", "T1=C", "T2=1")}
+# The edge classes of the carried state a split reaches, measured on its two
+# calls (both start from a non-zero state: the case's incoming one, then the
+# first call's): a one-token first call; a call shorter than the conv window
+# (1 < T < K-1: its returned conv state keeps K-1-T slots of the history it
+# was handed); a first call ending on a chunk edge, under ordinary decay (where
+# no decay acts, or the next token's strong decay erases the state handed on,
+# a decay misapplied at the edge shows nothing); a one-token last call.
+SPLIT_COVERS = {
+    "T1=1": lambda c: pieces(c, "split")[0] == 1,
+    "a call of 1<T<K-1 tokens after a non-zero history":
+        lambda c: any(1 < t < c.conv_width - 1 for t in pieces(c, "split")),
+    "T1=C, ordinary decay": lambda c: (pieces(c, "split")[0] == c.chunk
+                                       and c.gate_regime == "ordinary"),
+    "T2=1": lambda c: pieces(c, "split")[1] == 1,
+}
 
 
 # Weights: each example runs four programs (the pieces and one call of the

@@ -1,0 +1,170 @@
+"""Coverage claims met by construction, in every run.
+
+A property's coverage claims (registry.Property.covers, and in the gate's
+profiles gate_covers) name the edge classes its cases exercise. Drawing
+alone only makes a claim reachable: a profile that runs a property on two
+drawn examples checks at most two of its split kinds, which ones by the luck
+of the seed. So every run of a property starts with its CLAIM CASES: the
+fewest cases (greedy set cover, then pruned so that each one is the only
+case meeting some claim) that meet every claim its explicit examples do not
+already meet, found deterministically (derandomized draws of the property's
+own strategy, under the loaded profile's lattice covering, of cases the
+target takes), the cheapest shape first; then the drawn examples.
+
+A claim no such case meets is reported unmet with its reason (gate-only in
+this profile; the target does not take the cases that meet it; not found in
+CANDIDATE_DRAWS draws), in the run's header of that property and in the
+summary, never dropped silently. What the run's cases met is measured on the
+cases the target checked (harness.check_property) and shown per property.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+from strategies import lattice
+
+# The most draws of a property's strategy searched for its claim cases (the
+# reachability budget the meta-tests have always used), and the fewest
+# cases the target takes drawn before the cheapest are chosen among them.
+CANDIDATE_DRAWS = 2000
+CANDIDATE_POOL = 64
+
+GATE_ONLY = ("gate-only: the dev profile's lattice covering leaves out the rows that meet it "
+             "(met in the ci, kill and nightly profiles)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimPlan:
+    """How one run of a property meets its claims.
+
+    claims: the claims this profile holds it to (name -> predicate)
+    cases:  its claim cases, run after the explicit examples
+    unmet:  claim -> why no case of the run is built to meet it
+    """
+    claims: Mapping[str, Callable]
+    cases: Tuple = ()
+    unmet: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def claims_of(p, covering: str) -> Dict[str, Callable]:
+    """The claims a run of p in a profile of this lattice covering is held
+    to: its covers, and in the "pairs" covering (the gate's) its gate_covers."""
+    return dict(p.covers, **(p.gate_covers if covering == "pairs" else {}))
+
+
+def claims_met(claims: Mapping[str, Callable], case) -> frozenset:
+    """The claims this case meets."""
+    return frozenset(name for name, predicate in claims.items() if predicate(case))
+
+
+def unmet_by(claims: Mapping[str, Callable], cases) -> frozenset:
+    """The claims none of these cases meets."""
+    return frozenset(claims) - frozenset().union(*(claims_met(claims, c) for c in cases))
+
+
+# Elements (tokens x channels) that cost about one more program's compile:
+# a case's cost is one program plus its size in these units, so a large
+# case is picked only where it meets claims that several small ones would.
+ELEMENTS_PER_PROGRAM = 4096
+
+
+def case_cost(case) -> float:
+    """What a case costs to run, roughly: one program, plus its size (the
+    oracle's token scan and the compile grow with its length)."""
+    elements = case.batch * case.seq_len * case.v_heads * (case.dk + case.dv)
+    return 1.0 + elements / ELEMENTS_PER_PROGRAM
+
+
+def cover(candidates, wanted: frozenset) -> Tuple:
+    """The cheapest few (greedy) of `candidates` ((case, claims it meets)
+    pairs, in draw order) meeting every claim of `wanted` that any of them
+    meets: each step the most new claims per unit of case_cost (the first
+    drawn among equals); then pruned, the last picked first, so that every
+    case kept is the only one meeting some claim."""
+    uncovered, picked = set(wanted), []
+    while uncovered:
+        best = max(range(len(candidates)),
+                   key=lambda j: (len(candidates[j][1] & uncovered) / case_cost(candidates[j][0]),
+                                  -j),
+                   default=None)
+        if best is None or not candidates[best][1] & uncovered:
+            break
+        picked.append(candidates[best])
+        uncovered -= candidates[best][1]
+    for entry in reversed(list(picked)):
+        rest = [e for e in picked if e is not entry]
+        if entry[1] & wanted <= frozenset().union(*(e[1] for e in rest)):
+            picked = rest
+    return tuple(case for case, _ in picked)
+
+
+def _draw_candidates(p, claims: Mapping[str, Callable], wanted: frozenset,
+                     takes: Callable) -> Tuple[list, Dict[str, str]]:
+    """Derandomized draws of p's strategy: the candidates the target takes
+    ((case, claims met) in draw order, duplicates dropped), and for a claim
+    met only by cases the target does not take, the first such reason."""
+    candidates, seen, refused = [], set(), {}
+    quick = settings(max_examples=CANDIDATE_DRAWS, database=None, derandomize=True,
+                     deadline=None, phases=[Phase.generate],
+                     suppress_health_check=list(HealthCheck))
+
+    def enough(case) -> bool:
+        met = claims_met(claims, case) & wanted
+        reason = takes(case)
+        if reason:
+            for name in met:
+                refused.setdefault(name, reason)
+            return False
+        if case not in seen:
+            seen.add(case)
+            candidates.append((case, met))
+        reached = frozenset().union(*(m for _, m in candidates))
+        return reached >= wanted and len(candidates) >= CANDIDATE_POOL
+
+    try:
+        find(p.strategy, enough, settings=quick)
+    except (NoSuchExample, Unsatisfiable):
+        pass                      # every draw searched: what was reached is kept
+    return candidates, refused
+
+
+def plan(p, target=None) -> ClaimPlan:
+    """The claim plan of property p in the loaded profile, for `target`
+    (None: every case is taken). Cached per property, covering, declared
+    chunk sizes and target."""
+    key = (p.id, lattice.current_covering(), lattice.declared_beyond_contract(),
+           getattr(target, "spec", None))
+    if key not in _PLANS:
+        _PLANS[key] = _plan(p, key[1], target)
+    return _PLANS[key]
+
+
+_PLANS: Dict[tuple, ClaimPlan] = {}
+
+
+def _plan(p, covering: str, target) -> ClaimPlan:
+    claims = claims_of(p, covering)
+    unmet = ({name: p.gate_only_why or GATE_ONLY for name in p.gate_covers}
+             if covering != "pairs" else {})
+
+    def takes(case) -> Optional[str]:
+        return None if target is None else p.not_checkable(target, case)
+
+    by_examples = frozenset().union(*(claims_met(claims, c) for c in p.examples
+                                      if not takes(c)))
+    wanted = frozenset(claims) - by_examples
+    if not wanted:
+        return ClaimPlan(claims, (), unmet)
+    candidates, refused = _draw_candidates(p, claims, wanted, takes)
+    cases = cover(candidates, wanted)
+    reached = frozenset().union(*(claims_met(claims, c) for c in cases))
+    for name in sorted(wanted - reached):
+        unmet[name] = (f"the target does not take the cases that meet it ({refused[name]})"
+                       if name in refused else
+                       f"no case of the property's strategy meets it in {CANDIDATE_DRAWS} draws")
+    return ClaimPlan(claims, cases, unmet)
