@@ -389,6 +389,9 @@ def mixer_from_core(core: Union[KernelDeclaration, Callable]) -> KernelDeclarati
     from gdn_kernels.state import GDNState
 
     decl = core if isinstance(core, KernelDeclaration) else KernelDeclaration(core)
+    if decl.gated_delta_rule is None:
+        raise TypeError("mixer_from_core: core declares no gated_delta_rule (a layer-only "
+                        "target has its own mixer: declare it as it is)")
     core_op, own_norm = decl.gated_delta_rule, decl.supports.core_qk_norm
 
     def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, num_v_heads,

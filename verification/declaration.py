@@ -5,11 +5,13 @@ A target module either exports a declaration,
     from verification import KernelDeclaration, Supports
 
     GDN_KERNEL = KernelDeclaration(
-        gated_delta_rule=my_delta_rule,          # the core op (required)
-        gdn_decoupled_conv1d=my_mixer,           # optional: the mixer
+        gated_delta_rule=my_delta_rule,          # the core op
+        gdn_decoupled_conv1d=my_mixer,           # the mixer (the layer)
         supports=Supports(dtypes=("float32",), segment_ids=False))
 
-or simply defines the contract's functions (docs/contract.md): then the
+(at least one of the two ops: a layer-only target declares the mixer alone,
+and the core op's cases are not checkable on it), or simply defines the
+contract's functions (docs/contract.md): then the
 declaration is read off the module (`declaration_of`), every optional piece
 it has is used, and the whole contract is assumed supported.
 
@@ -22,7 +24,8 @@ never runs the suite's own code in the target's place.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Tuple
+import math
+from typing import Callable, Mapping, Optional, Tuple
 
 from .tolerance import CONTRACT_PRECISION, PRECISIONS
 
@@ -86,7 +89,8 @@ class Supports:
 class KernelDeclaration:
     """A kernel under test: its functions and what it supports.
 
-    gated_delta_rule:      the core op, with the contract's signature
+    gated_delta_rule:      the core op, with the contract's signature (None: a
+                           layer-only target; the core op's cases are not checkable)
     gdn_decoupled_conv1d:  the mixer (None: the mixer properties are not checkable)
     sharded:               sharded(mesh, batch_axis=, head_axis=) -> ops (section 8)
     l2norm_forward:        l2norm_forward(x, eps) -> y, the target's QK L2 norm
@@ -97,8 +101,15 @@ class KernelDeclaration:
     mixer_label:           what the mixer is, when it is not the author's own
                            (e.g. "reference layer + your core"): shown on the
                            mixer properties' rows
+    tolerance:             a known imprecision the author accepts, as torch's
+                           toleranceOverride: tensor name (a row's first word,
+                           e.g. "da_log") -> factor F > 1 over the policy's
+                           bound. A finite miss of that tensor within F holds,
+                           listed apart ("held at the declared tolerance",
+                           its ratio at the policy's bound); beyond F it fails
+                           as before. Never global, never a default.
     """
-    gated_delta_rule: Callable
+    gated_delta_rule: Optional[Callable] = None
     gdn_decoupled_conv1d: Optional[Callable] = None
     sharded: Optional[Callable] = None
     l2norm_forward: Optional[Callable] = None
@@ -106,14 +117,25 @@ class KernelDeclaration:
     supports: Supports = Supports()
     conventions: Tuple[str, ...] = ()
     mixer_label: Optional[str] = None
+    tolerance: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        if not callable(self.gated_delta_rule):
-            raise TypeError("KernelDeclaration: gated_delta_rule must be callable")
-        for name in ("gdn_decoupled_conv1d", "sharded", "l2norm_forward", "l2norm_backward"):
+        if self.gated_delta_rule is None and self.gdn_decoupled_conv1d is None:
+            raise TypeError("KernelDeclaration: declare gated_delta_rule (the core op), "
+                            "gdn_decoupled_conv1d (the layer), or both")
+        for name in ("gated_delta_rule", "gdn_decoupled_conv1d", "sharded", "l2norm_forward",
+                     "l2norm_backward"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"KernelDeclaration: {name} must be callable or None")
+        for tensor, factor in dict(self.tolerance).items():
+            if not isinstance(tensor, str) or not tensor or " " in tensor:
+                raise ValueError(f"KernelDeclaration: tolerance key {tensor!r} is not a tensor "
+                                 "name (a row's first word, e.g. 'da_log')")
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+                    or not math.isfinite(factor) or factor <= 1:
+                raise ValueError(f"KernelDeclaration: tolerance[{tensor!r}] = {factor!r}: a "
+                                 "factor over the policy's bound is a finite number > 1")
         if self.supports.compute_precision not in PRECISIONS:
             raise ValueError(f"KernelDeclaration: supports.compute_precision "
                              f"{self.supports.compute_precision!r} is not one of "
@@ -144,16 +166,16 @@ def declaration_of(module) -> KernelDeclaration:
             raise ValueError(f"{module.__name__}.{DECLARATION_ATTR} is a "
                              f"{type(declared).__name__}, not a KernelDeclaration")
         return declared
-    if not callable(getattr(module, "gated_delta_rule", None)):
-        raise ValueError(f"module {module.__name__!r} has no callable gated_delta_rule "
-                         f"(docs/contract.md) and no {DECLARATION_ATTR} declaration")
-
     def optional(name):
         fn = getattr(module, name, None)
         return fn if callable(fn) else None
 
+    if optional("gated_delta_rule") is None and optional("gdn_decoupled_conv1d") is None:
+        raise ValueError(f"module {module.__name__!r} has no callable gated_delta_rule or "
+                         f"gdn_decoupled_conv1d (docs/contract.md) and no {DECLARATION_ATTR} "
+                         "declaration")
     return KernelDeclaration(
-        gated_delta_rule=module.gated_delta_rule,
+        gated_delta_rule=optional("gated_delta_rule"),
         gdn_decoupled_conv1d=optional("gdn_decoupled_conv1d"),
         sharded=optional("sharded"),
         l2norm_forward=optional("l2norm_forward"),
@@ -164,6 +186,8 @@ def declaration_of(module) -> KernelDeclaration:
 # Each need a property or a case may have, and the reason given when the
 # declaration lacks it: need -> (is it met?, why not).
 NEEDS = {
+    "core": (lambda d: d.gated_delta_rule is not None,
+             "the target exposes no core op (gated_delta_rule): a layer-only target"),
     "mixer": (lambda d: d.gdn_decoupled_conv1d is not None,
               "the target declares no mixer (gdn_decoupled_conv1d)"),
     "sharded": (lambda d: d.sharded is not None,
@@ -245,12 +269,13 @@ def precision_of(declaration: KernelDeclaration, case) -> str:
 
 
 def case_needs(case) -> Tuple[str, ...]:
-    """What one case asks of the target: its op, activation dtype, chunk
+    """What one case asks of the target: its op (the mixer, or the core op),
+    activation dtype, chunk
     size, QK norm (none inside the core op; the mixer's own), beta = 1,
     GVA, packed rows and (core op) an initial state."""
     from strategies.cases import MixerCase
     mixer = isinstance(case, MixerCase)
-    needs = ["mixer"] if mixer else []
+    needs = ["mixer" if mixer else "core"]
     needs += [f"dtype:{case.dtype}", f"chunk_size:{case.chunk}"]
     needs.append("qk_norm:" + ((repr(case.eps) if case.use_qk_norm else "off") if mixer
                                else "core"))

@@ -21,16 +21,17 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 import pytest
-from hypothesis import example, given, reject, settings
+from hypothesis import Phase, given, reject, settings
 from hypothesis.errors import Unsatisfiable
 
 from strategies import lattice
 from strategies.cases import MixerCase
 
 from . import claims, known_failures, mesh_worker, runners
+from .profiles import CLAIM_CASES_IN_BUDGET
 from .registry import Property, PropertyFailure, classed, is_not_checkable, not_checkable_row
 from .properties import load_all
-from .tolerance import TensorError, failure_class, raised_class
+from .tolerance import TensorError, failure_class, raised_class, tensor_of
 
 MARKER = "gdn_property"
 
@@ -44,6 +45,12 @@ class RunOptions:
     known: Tuple[known_failures.KnownFailure, ...] = ()
 
 
+
+
+def _add_beyond(table: Dict[str, dict], tensor: str, ratio: float, examples: int) -> None:
+    d = table.setdefault(tensor, {"examples": 0, "worst": 0.0})
+    d["examples"] += examples
+    d["worst"] = max(d["worst"], ratio)
 
 
 @dataclasses.dataclass
@@ -70,6 +77,9 @@ class PropertyStats:
     deviations: Dict[str, dict] = dataclasses.field(default_factory=dict)
     # coverage claims (verification/claims.py): claim -> checked examples that
     # met it; claim -> why this run built no case to meet it
+    # tensor -> {"examples", "worst"}: rows that held only at the target's
+    # declared tolerance, worst = ratio at the policy's bound
+    tolerated: Dict[str, dict] = dataclasses.field(default_factory=dict)
     claims_met: Dict[str, int] = dataclasses.field(default_factory=dict)
     claims_unmet: Dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -79,9 +89,10 @@ class PropertyStats:
             self.claims_met[name] = self.claims_met.get(name, 0) + 1
 
     def add_deviation(self, tensor: str, ratio: float, examples: int = 1) -> None:
-        d = self.deviations.setdefault(tensor, {"examples": 0, "worst": 0.0})
-        d["examples"] += examples
-        d["worst"] = max(d["worst"], ratio)
+        _add_beyond(self.deviations, tensor, ratio, examples)
+
+    def add_tolerated(self, tensor: str, ratio: float, examples: int = 1) -> None:
+        _add_beyond(self.tolerated, tensor, ratio, examples)
 
     def add_failure(self, failure_class: str, ratio: float, examples: int = 1,
                     file: str = "") -> None:
@@ -207,20 +218,16 @@ def check_property(name: str, target, case, record: bool = True,
     return rows
 
 
-def tensor_of(row: TensorError) -> str:
-    """The tensor a row is about: its name's first word ("final_state
-    (prompt + decode)" -> "final_state")."""
-    return row.name.split()[0]
-
-
 def _count_deviations(stats: PropertyStats, rows: List[TensorError]) -> None:
-    """One example's deviation rows, one count per tensor."""
-    deviating = {}
-    for r in rows:
-        if r.deviation:
-            deviating[tensor_of(r)] = max(deviating.get(tensor_of(r), 0.0), r.deviation)
-    for tensor, ratio in deviating.items():
-        stats.add_deviation(tensor, ratio)
+    """One example's deviation rows and rows held at the declared tolerance,
+    one count per tensor."""
+    for field, add in (("deviation", stats.add_deviation), ("tolerated", stats.add_tolerated)):
+        beyond = {}
+        for r in rows:
+            if getattr(r, field):
+                beyond[tensor_of(r)] = max(beyond.get(tensor_of(r), 0.0), getattr(r, field))
+        for tensor, ratio in beyond.items():
+            add(tensor, ratio)
 
 
 def _update_worst(stats: PropertyStats, rows: List[TensorError]) -> None:
@@ -233,9 +240,10 @@ def _update_worst(stats: PropertyStats, rows: List[TensorError]) -> None:
 def examples(weight: float, claim_cases: int = 0):
     """A settings decorator scaling the profile's max_examples by `weight`:
     cheap properties (no compile per example) run more examples, the ones
-    that run the target several times per example run fewer. The property's
-    claim cases count against that budget (they are drawn from its strategy
-    too, only chosen); the drawn examples fill the rest, one at least."""
+    that run the target several times per example run fewer. claim_cases:
+    how many of the budget the property's claim cases take (in the
+    profiles.CLAIM_CASES_IN_BUDGET); the drawn examples fill the rest, one
+    at least."""
     base = settings().max_examples
     return settings(max_examples=max(1, int(round(base * weight)) - claim_cases))
 
@@ -271,12 +279,49 @@ def conclude_test(p: Property, stats: PropertyStats) -> None:
     stats.verdict = HELD
 
 
+class PropertyFailures(AssertionError):
+    """Several failures of a property's run (its pinned cases', its drawn
+    examples'): each was recorded with its class and counterexample file."""
+
+    def __init__(self, prop: str, failures: List[BaseException]):
+        self.failures = failures
+        super().__init__(f"{prop}: {len(failures)} failures, each its own finding:\n\n"
+                         + "\n\n".join(f"[{i + 1}] {type(f).__name__}: {f}"
+                                       for i, f in enumerate(failures)))
+
+
+def run_pinned(p: Property, target, cases, stats: PropertyStats,
+               stop_at_first: bool) -> List[BaseException]:
+    """Every pinned case of p (its explicit examples, then its claim cases)
+    the target takes, each checked and recorded as a drawn example is (a
+    failure's class and its case for its counterexample file); a failure
+    never stops the next (stop_at_first: the kill profile's one failing
+    example is enough). Returns the failures."""
+    failures = []
+    for case in cases:
+        reason = p.not_checkable(target, case)
+        if reason:
+            _add_reason(stats, reason)
+            continue
+        try:
+            check_property(p.id, target, case)
+        except Exception as err:                 # pytest's skip/xfail/fail pass through
+            if hasattr(err, "add_note"):
+                err.add_note(f"pinned case: {case!r}")
+            failures.append(err)
+            if stop_at_first:
+                break
+    return failures
+
+
 def hypothesis_test(p: Property):
-    """The pytest test of one property: its explicit examples first, then
-    its claim cases (verification/claims.py: the fewest cases the target
-    takes that meet every coverage claim the explicit ones do not), then
-    its strategy's within its share of the profile's example budget; a case
-    the target cannot take is rejected (Hypothesis draws another); marked
+    """The pytest test of one property: its pinned cases first (its
+    explicit examples, then its claim cases, verification/claims.py: the
+    fewest cases the target takes that meet every coverage claim the
+    explicit ones do not), every one run whatever the others found; then its
+    strategy's within its share of the profile's example budget (a case the
+    target cannot take is rejected: Hypothesis draws another). Each failure
+    class is recorded and reported; one finding never masks another. Marked
     gdn_property(<id>) for selection by id (--gdn-properties)."""
     # Hypothesis derives a test's database key, and the derandomized
     # profiles their examples, from its source, name and signature: this
@@ -297,17 +342,26 @@ def hypothesis_test(p: Property):
         else:
             plan = claims.plan(p, gdn_target)
             stats.claims_unmet.update(plan.unmet)
-            given_test = given(case=p.strategy)(test)
-            for case in reversed(p.examples + plan.cases):
-                given_test = example(case=case)(given_test)
-            given_test = examples(p.weight, len(plan.cases))(given_test)
-            try:
-                given_test(gdn_target)
-            except Unsatisfiable:
-                pass                                # every drawn case was not checkable
-            except Exception:                       # pytest's skip/xfail/fail pass through
+            phases = settings().phases
+            # a profile without shrinking (kill) stops at its first failing example
+            stop_at_first = Phase.shrink not in phases
+            failures = (run_pinned(p, gdn_target, p.examples + plan.cases, stats, stop_at_first)
+                        if Phase.explicit in phases else [])
+            if not (failures and stop_at_first):
+                charged = (len(plan.cases) if settings.get_current_profile_name()
+                           in CLAIM_CASES_IN_BUDGET else 0)
+                given_test = examples(p.weight, charged)(given(case=p.strategy)(test))
+                try:
+                    given_test(gdn_target)
+                except Unsatisfiable:
+                    pass                            # every drawn case was not checkable
+                except Exception as err:            # pytest's skip/xfail/fail pass through
+                    failures.append(err)
+            if failures:
                 stats.verdict = FAILED
-                raise
+                if len(failures) == 1:
+                    raise failures[0]
+                raise PropertyFailures(p.id, failures)
         conclude_test(p, stats)
 
     property_test.__name__ = property_test.__qualname__ = f"test_{p.id}"
@@ -345,6 +399,7 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
                    "worst": [dataclasses.asdict(r) for r in st.worst.values()],
                    "classes": {k: dict(c) for k, c in st.classes.items()},
                    "deviations": {k: dict(d) for k, d in st.deviations.items()},
+                   "tolerated": {k: dict(d) for k, d in st.tolerated.items()},
                    "claims_met": dict(st.claims_met), "claims_unmet": dict(st.claims_unmet)}
             for name, st in (session().stats if stats is None else stats).items()}
 
@@ -376,6 +431,8 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         _update_worst(st, [TensorError(**r) for r in d.get("worst", ())])
         for tensor, dev in d.get("deviations", {}).items():
             st.add_deviation(tensor, dev["worst"], dev["examples"])
+        for tensor, tol in d.get("tolerated", {}).items():
+            st.add_tolerated(tensor, tol["worst"], tol["examples"])
         for klass, c in d.get("classes", {}).items():
             st.add_failure(klass, c["worst"], c["examples"], c["file"])
         for claim, n in d.get("claims_met", {}).items():

@@ -27,7 +27,7 @@ from strategies.cases import case_from_json, case_to_json
 from . import runners
 from .declaration import precision_of
 from .registry import conclude, not_checkable_row
-from .tolerance import TensorError, declared_precision
+from .tolerance import TensorError, at_declared_tolerance, declared_precision
 
 _WORKERS: Dict[int, subprocess.Popen] = {}
 
@@ -43,12 +43,14 @@ def devices_needed(prop, target) -> int:
 def run(prop, target, case) -> List[TensorError]:
     """Check one case of property `prop` (tiled to a sharded target's mesh,
     in a mesh worker when this process lacks the devices): the rows, or
-    PropertyFailure when a row fails. A case the target cannot take is one
+    PropertyFailure when a row fails (judged at the target's declared
+    tolerance, where it declares one). A case the target cannot take is one
     not-checkable row; the target is not called."""
     reason = prop.not_checkable(target, case)
     if reason:
         return [not_checkable_row(prop.id, reason)]
-    return conclude(prop.id, check(prop, target, case))
+    rows = at_declared_tolerance(check(prop, target, case), target.declaration.tolerance)
+    return conclude(prop.id, rows)
 
 
 def check(prop, target, case) -> List[TensorError]:

@@ -164,7 +164,10 @@ class Suite:
                 f"gdn-verify: {self.compile_cache}",
                 f"gdn-verify: {_shape_budget_line()}"] + [
                     f"gdn-verify: adapter: {line}"
-                    for line in self.target.declaration.conventions]
+                    for line in self.target.declaration.conventions] + (
+                    [f"gdn-verify: declared tolerance (x the policy's bound): "
+                     f"{_factors_text(self.target.declaration.tolerance)}"]
+                    if self.target.declaration.tolerance else [])
 
     def _strict(self) -> bool:
         return self.session.options.strict
@@ -385,6 +388,7 @@ def summary_lines(suite: Suite):
         if st.checked:      # a property not checkable at all says why in its row
             lines += [f"    claim not met: {claim}: {why}" for claim, why in unmet.items()]
     lines += deviation_lines(suite.target.declaration, suite.session.stats)
+    lines += tolerance_lines(suite.target.declaration, suite.session.stats)
     lines.append(projection_line(list(suite.test_seconds.values()), "test-session"))
     lines += verdict_lines(suite, suite.session.stats)
     return lines
@@ -431,13 +435,7 @@ def deviation_lines(declaration, stats) -> list:
     one row per tensor over every property: how far beyond the contract's
     float32 bound they went, in how many examples, and where."""
     from .tolerance import PRECISIONS
-    tensors = {}
-    for name, st in stats.items():
-        for tensor, d in st.deviations.items():
-            row = tensors.setdefault(tensor, {"examples": 0, "worst": 0.0, "properties": []})
-            row["examples"] += d["examples"]
-            row["worst"] = max(row["worst"], d["worst"])
-            row["properties"].append(name)
+    tensors = _beyond_table(stats, "deviations")
     if not tensors:
         return []
     declared = PRECISIONS[declaration.supports.compute_precision]
@@ -448,6 +446,47 @@ def deviation_lines(declaration, stats) -> list:
         row = tensors[tensor]
         lines.append(f"    {tensor:<16}{row['worst']:>18.3g}{row['examples']:>10}  "
                      f"{', '.join(sorted(row['properties']))}")
+    return lines
+
+
+def _factors_text(factors) -> str:
+    return ", ".join(f"{tensor} x{factor:g}" for tensor, factor in sorted(factors.items()))
+
+
+def _beyond_table(stats, field: str) -> dict:
+    """tensor -> {"examples", "worst", "properties"} over every property's
+    `field` table (deviations, tolerated)."""
+    tensors = {}
+    for name, st in stats.items():
+        for tensor, d in getattr(st, field).items():
+            row = tensors.setdefault(tensor, {"examples": 0, "worst": 0.0, "properties": []})
+            row["examples"] += d["examples"]
+            row["worst"] = max(row["worst"], d["worst"])
+            row["properties"].append(name)
+    return tensors
+
+
+def tolerance_lines(declaration, stats) -> list:
+    """The tensors that held only at the author's declared tolerance, one
+    row per tensor over every property (its factor, how far beyond the
+    policy's bound it went, in how many examples, where), and the declared
+    tensors no row needed (a misspelt name shows here)."""
+    factors = dict(declaration.tolerance)
+    if not factors:
+        return []
+    tensors = _beyond_table(stats, "tolerated")
+    lines = ["", f"held at the declared tolerance (the author's factor over the policy's "
+                 f"bound; declared: {_factors_text(factors)}):"]
+    if tensors:
+        lines.append(f"    {'tensor':<16}{'factor':>8}{'x policy bound':>16}{'examples':>10}"
+                     f"  properties")
+    for tensor in sorted(tensors, key=lambda t: -tensors[t]["worst"]):
+        row = tensors[tensor]
+        lines.append(f"    {tensor:<16}{factors.get(tensor, 0):>8g}{row['worst']:>16.3g}"
+                     f"{row['examples']:>10}  {', '.join(sorted(row['properties']))}")
+    unused = sorted(set(factors) - set(tensors))
+    if unused:
+        lines.append(f"    declared, never needed in this run: {', '.join(unused)}")
     return lines
 
 
@@ -476,6 +515,12 @@ def verdict_lines(suite: Suite, stats) -> list:
     lines.append(f"  held on the target: {len(held)} properties"
                  + (f" (bfloat16 cases within its declared compute precision {precision!r})"
                     if precision != CONTRACT_PRECISION else ""))
+    tolerated = _beyond_table(stats, "tolerated")
+    if tolerated:
+        lines.append("  held at the declared tolerance (not within the policy's bound): "
+                     + ", ".join(f"{t} x{suite.target.declaration.tolerance.get(t, 0):g} "
+                                 f"(worst {tolerated[t]['worst']:.3g}x the policy's bound)"
+                                 for t in sorted(tolerated)))
     deviating = deviating_tensors(stats)
     if deviating:
         lines.append(f"  deviates from the contract's float32 (not failures): "

@@ -1,7 +1,8 @@
 """The implementation under test: MODULE[:IMPL][@AXIS=N,...].
 
 MODULE exports a KernelDeclaration (verification/declaration.py) or defines
-the contract's functions (at least gated_delta_rule). With ":IMPL" the
+the contract's functions (at least one of gated_delta_rule and
+gdn_decoupled_conv1d: a layer-only target). With ":IMPL" the
 suite passes impl=IMPL; without it, nothing (the module's own default). With
 "@data=4,model=2" the target is MODULE.sharded over a mesh of those axes
 (docs/contract.md section 8): the axis named `data` splits the batch, the

@@ -49,6 +49,7 @@ FULL = dict(gated_delta_rule=scan.gated_delta_rule, gdn_decoupled_conv1d=scan.gd
 
 # piece taken away -> (declaration changes, the need it removes)
 WITHOUT = {
+    "core op": (dict(gated_delta_rule=None), "core"),   # a layer-only target
     "mixer": (dict(gdn_decoupled_conv1d=None), "mixer"),
     "sharded": ({}, "sharded"),                       # the scan has no sharded()
     "l2norm hooks": (dict(l2norm_forward=None, l2norm_backward=None), "l2norm_hooks"),
@@ -135,6 +136,19 @@ def test_no_property_passes_on_a_target_that_checks_nothing():
         ran = sum(s.calls for s in spies) > calls
         assert verdict == harness.NOT_CHECKABLE or (verdict == harness.HELD and ran
                                                     and stats.checked), (prop.id, verdict)
+
+
+def test_a_layer_only_module_is_read_as_its_layer_and_a_declaration_needs_an_op():
+    """A module defining only the mixer is a layer-only target (its core-op
+    cases not checkable, with that reason); a declaration of neither op is
+    refused, naming both."""
+    layer = types.ModuleType("gdn_layer_only_plain")
+    layer.gdn_decoupled_conv1d = scan.gdn_decoupled_conv1d
+    declared = declaration_of(layer)
+    assert declared.gated_delta_rule is None and declared.gdn_decoupled_conv1d is not None
+    assert "no core op" in unmet(declared, ("core",)) and unmet(declared, ("mixer",)) is None
+    with pytest.raises(TypeError, match="gated_delta_rule.*gdn_decoupled_conv1d"):
+        KernelDeclaration()
 
 
 def test_a_plain_module_is_read_as_the_whole_contract():

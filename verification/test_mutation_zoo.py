@@ -7,10 +7,10 @@ registered properties. For the three bugs this project exists to catch, the
 counterexample file written on failure replays to the same failure (and
 passes on the correct target)."""
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-
-import dataclasses
 
 from . import claims, counterexamples, harness, mesh_worker
 from .cli import replay
@@ -200,6 +200,40 @@ def test_split_kind_mutants_are_killed_in_the_dev_loop(name, tmp_path):
     assert ran.returncode == 1, ran.stdout[-3000:]
     with open(stats_file) as f:
         assert _killer(json.load(f))[0] == "mixer_split_invariance"
+
+
+def test_two_failure_classes_in_two_pinned_examples_are_both_reported():
+    """Two pinned cases of one property failing in two classes (the
+    two-class target: a bf16 final state rounded, a NaN float32 dg under
+    strong decay after token 16): both run, whatever the first found; each
+    failure is recorded with its class and its case; the summary lists both."""
+    from strategies.explicit import delta_case
+    from .plugin import failure_class_lines
+    prop = "delta_rule_gradient_parity"
+    cases = (delta_case("plain", 1, 33, 16, seed=3, gate_regime="strong_decay"),
+             delta_case("plain", 1, 33, 16, seed=4, dtype="bfloat16"))
+    previous = harness.session()
+    harness.begin_session(harness.Session())
+    try:
+        stats = harness.session().stats.setdefault(prop, harness.PropertyStats())
+        failures = harness.run_pinned(PROPERTIES[prop], Target.parse(TWO_CLASSES), cases, stats,
+                                      stop_at_first=False)
+        recorded = {klass: case for (p, klass), (case, _, _) in
+                    harness.session().last_failure.items() if p == prop}
+    finally:
+        harness.begin_session(previous)
+    classes = ["dg float32 non-finite", "final_state bfloat16 finite"]
+    assert len(failures) == 2 and sorted(stats.classes) == classes, (failures, stats.classes)
+    assert recorded == dict(zip(classes, cases)) and stats.examples == 2
+    lines = failure_class_lines(stats)
+    assert all(any(f"failure class {k}:" in line for line in lines) for k in classes), lines
+    harness.begin_session(harness.Session())
+    try:
+        one = harness.run_pinned(PROPERTIES[prop], Target.parse(TWO_CLASSES), cases,
+                                 harness.PropertyStats(), stop_at_first=True)
+    finally:
+        harness.begin_session(previous)
+    assert len(one) == 1                    # the kill profile: the first failure is enough
 
 
 def test_a_mutated_kernel_is_another_program_for_the_compile_cache():

@@ -90,13 +90,16 @@ def _handoff_rows(target, case: MixerCase, kind: str, label: str):
 # calls (both start from a non-zero state: the case's incoming one, then the
 # first call's): a one-token first call; a call shorter than the conv window
 # (1 < T < K-1: its returned conv state keeps K-1-T slots of the history it
-# was handed); a first call ending on a chunk edge, under ordinary decay (where
+# was handed), or of exactly K-1 (its conv state none of the history); a first
+# call ending on a chunk edge, under ordinary decay (where
 # no decay acts, or the next token's strong decay erases the state handed on,
 # a decay misapplied at the edge shows nothing); a one-token last call.
 SPLIT_COVERS = {
     "T1=1": lambda c: pieces(c, "split")[0] == 1,
     "a call of 1<T<K-1 tokens after a non-zero history":
         lambda c: any(1 < t < c.conv_width - 1 for t in pieces(c, "split")),
+    "a call of exactly K-1 tokens (its conv state all its own inputs)":
+        lambda c: any(t == c.conv_width - 1 for t in pieces(c, "split")),
     "T1=C, ordinary decay": lambda c: (pieces(c, "split")[0] == c.chunk
                                        and c.gate_regime == "ordinary"),
     "T2=1": lambda c: pieces(c, "split")[1] == 1,
