@@ -9,7 +9,7 @@ lattice, not by rejecting examples.
 
 from __future__ import annotations
 
-from hypothesis import event
+from hypothesis import event, reject
 from hypothesis import strategies as st
 
 from . import lattice, regimes
@@ -52,12 +52,15 @@ def _packed_segments(draw, packed, batch, seq_len, chunk, conv_width):
 
 def _geometries(rows, knobs, where, favour=None):
     """The lattice rows passing `where`, reduced to the loaded profile's
-    covering (lattice.PROFILE_COVERING), as geometry dicts; rows passing
+    covering (lattice.PROFILE_COVERING), as geometry dicts (none within the
+    target's declared limits: the draw is rejected); rows passing
     `favour` too are listed twice (drawn twice as often), after the others
     so shrinking still heads for the first row."""
     names = list(knobs)
     picked = [r for r in rows if where(dict(zip(names, r)))]
     if not picked:
+        if lattice.declared_limits() is not None:
+            reject()        # the target's limits leave this strategy no shape
         raise ValueError("no lattice geometry satisfies the filter")
     picked = list(lattice.covering(tuple(picked), tuple(names), lattice.current_covering()))
     if favour is not None:
@@ -104,7 +107,8 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
         base = where
         where = lambda geo: base(geo) and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1  # noqa: E731
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
-        draw, lattice.delta_geometries(lattice.declared_beyond_contract()), lattice.DELTA_KNOBS,
+        draw, lattice.delta_geometries(lattice.declared_beyond_contract(),
+                                 lattice.declared_limits()), lattice.DELTA_KNOBS,
         where, packed, long_rows)
     n_zero = draw(st.integers(1 if zero_rows else 0, 0 if zero_rows is False else 2))
     rows = tuple(draw(st.tuples(st.sampled_from(("q", "k")), st.integers(0, batch - 1),
@@ -159,7 +163,8 @@ def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIM
     (strategies.segments); packed=False: segments=(). long_rows: as for
     delta_rule_cases."""
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
-        draw, lattice.mixer_geometries(lattice.declared_beyond_contract()), lattice.MIXER_KNOBS,
+        draw, lattice.mixer_geometries(lattice.declared_beyond_contract(),
+                                 lattice.declared_limits()), lattice.MIXER_KNOBS,
         where, packed, long_rows)
     hv = hk * group
     rows = draw(near_zero_rows(batch, seq_len, hk, min_rows=1 if near_zero else 0,

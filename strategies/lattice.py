@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .shapes import LATTICE_LAYOUTS, LAYOUTS
 
@@ -64,12 +64,21 @@ def boundary_lengths(chunk: int) -> tuple:
     return (1, chunk - 1, chunk, chunk + 1, 2 * chunk - 1, 2 * chunk + 1, 3 * chunk + 5)
 
 
+# Lengths drawn only for a target whose declared limits take whole chunks
+# alone (verification.declaration.Limits.seq_multiple_of_chunk): with "C", the lengths of the
+# lattice's rows there (several chunks: a state handed on between chunks).
+MULTIPLE_LENGTH_KINDS = ("2C", "3C")
+
+
 def seq_len(kind: str, chunk: int) -> int:
-    """The sequence length of a LENGTH_KINDS entry (or LONG) for chunk size C."""
+    """The sequence length of a LENGTH_KINDS entry (or LONG, or a
+    MULTIPLE_LENGTH_KINDS entry) for chunk size C."""
     if kind == LONG:
         return LONG_TOKENS
     if kind == "free":
         return FREE_LENGTHS[chunk]
+    if kind in MULTIPLE_LENGTH_KINDS:
+        return int(kind[:-1]) * chunk
     return boundary_lengths(chunk)[LENGTH_KINDS.index(kind)]
 
 
@@ -249,21 +258,75 @@ def declared_beyond_contract() -> Tuple[int, ...]:
     return _DECLARED["beyond_contract"]
 
 
+# The shape limits the session's target declares (verification.declaration.
+# Limits: seq_multiple_of_chunk, batch_sizes, param_ranks and refuses(T, C,
+# B, parameter shapes) are read), or None: the lattice is built inside them.
+_DECLARED["limits"] = None
+
+
+def declare_limits(limits) -> None:
+    """The target's declared shape limits (None: the contract's shapes)."""
+    _DECLARED["limits"] = limits
+
+
+def declared_limits():
+    return _DECLARED["limits"]
+
+
+def row_refused(limits, geo: Dict) -> Optional[str]:
+    """Why a lattice row (a geometry dict) is outside the limits, or None."""
+    chunk, length = geo["chunk"], seq_len(geo["length"], geo["chunk"])
+    hv = geo["layout"][0] * geo["layout"][1]
+    shapes = [param_shape(geo[n], geo["batch"], length, hv) for n in ("a_log", "dt_bias")
+              if n in geo]
+    return limits.refuses(length, chunk, geo["batch"], shapes)
+
+
+def _knobs_within(knobs: Dict[str, Sequence], limits) -> Dict[str, Sequence]:
+    """The knob values a target with these limits can take (whole chunks
+    only: the lengths C, 2C, 3C; its batch sizes; its parameter ranks)."""
+    if limits is None:
+        return knobs
+    knobs = dict(knobs)
+    if limits.seq_multiple_of_chunk:
+        knobs["length"] = ("C",) + MULTIPLE_LENGTH_KINDS
+    if limits.batch_sizes is not None:
+        knobs["batch"] = tuple(b for b in knobs["batch"] if b in limits.batch_sizes)
+    for name in ("a_log", "dt_bias"):
+        if name in knobs:
+            knobs[name] = tuple(k for k in knobs[name]
+                                if len(param_shape(k, 2, 3, 1)) in limits.param_ranks)
+    return knobs
+
+
+def _rows(knobs, extra_rows, limits) -> Tuple[Tuple, ...]:
+    """The all-pairs rows of the knob values within the limits, then the
+    extra rows, those outside the limits dropped."""
+    within = _knobs_within(knobs, limits)
+    names = list(knobs)
+    if any(not values for values in within.values()):
+        return ()
+    rows = tuple(tuple(r[n] for n in names) for r in all_pairs(within)) + tuple(extra_rows)
+    if limits is None:
+        return rows
+    return tuple(r for r in rows if not row_refused(limits, dict(zip(names, r))))
+
+
 @functools.lru_cache(maxsize=None)
-def mixer_geometries(beyond_contract: Tuple[int, ...] = ()) -> Tuple[Tuple, ...]:
+def mixer_geometries(beyond_contract: Tuple[int, ...] = (),
+                     limits=None) -> Tuple[Tuple, ...]:
     """The mixer lattice: tuples in MIXER_KNOBS order (the all-pairs rows,
     then the FIELD_CHUNK and LONG rows, then the rows of the chunk sizes
-    beyond the contract given)."""
-    return (tuple(tuple(r[n] for n in MIXER_KNOBS) for r in all_pairs(MIXER_KNOBS))
-            + MIXER_FIELD_CHUNK_ROWS + MIXER_LONG_ROWS
-            + sum((MIXER_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()))
+    beyond the contract given), inside the limits given."""
+    return _rows(MIXER_KNOBS, MIXER_FIELD_CHUNK_ROWS + MIXER_LONG_ROWS
+                 + sum((MIXER_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()), limits)
 
 
 @functools.lru_cache(maxsize=None)
-def delta_geometries(beyond_contract: Tuple[int, ...] = ()) -> Tuple[Tuple, ...]:
+def delta_geometries(beyond_contract: Tuple[int, ...] = (),
+                     limits=None) -> Tuple[Tuple, ...]:
     """The gated_delta_rule lattice: tuples in DELTA_KNOBS order (the
     all-pairs rows, then the FIELD_CHUNK and LONG rows, then the rows of the
-    chunk sizes beyond the contract given)."""
-    return (tuple(tuple(r[n] for n in DELTA_KNOBS) for r in all_pairs(DELTA_KNOBS))
-            + DELTA_FIELD_CHUNK_ROWS + DELTA_LONG_ROWS
-            + sum((DELTA_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()))
+    chunk sizes beyond the contract given), inside the limits given."""
+    return _rows(DELTA_KNOBS, DELTA_FIELD_CHUNK_ROWS + DELTA_LONG_ROWS
+                 + sum((DELTA_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()), limits)

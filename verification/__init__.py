@@ -1,14 +1,15 @@
 """gdn-verify: the property-based suite for Gated DeltaNet kernels.
 
 A kernel module declares itself with `KernelDeclaration` (what it
-implements) and `Supports` (what it accepts); a kernel in other
+implements), `Supports` (what it accepts) and `Limits` (the shapes it
+takes); a kernel in other
 conventions is wrapped by `adapt` (and `mixer_from_core`); see
 docs/verify-your-kernel.md.
 """
 
-from .declaration import KernelDeclaration, Supports
+from .declaration import KernelDeclaration, Limits, Supports
 
-__all__ = ["KernelDeclaration", "Supports", "adapt", "mixer_from_core"]
+__all__ = ["KernelDeclaration", "Limits", "Supports", "adapt", "mixer_from_core"]
 
 
 def __getattr__(name):

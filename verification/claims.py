@@ -138,7 +138,7 @@ def plan(p, target=None) -> ClaimPlan:
     (None: every case is taken). Cached per property, covering, declared
     chunk sizes and target."""
     key = (p.id, lattice.current_covering(), lattice.declared_beyond_contract(),
-           getattr(target, "spec", None))
+           lattice.declared_limits(), getattr(target, "spec", None))
     if key not in _PLANS:
         _PLANS[key] = _plan(p, key[1], target)
     return _PLANS[key]
@@ -164,7 +164,11 @@ def _plan(p, covering: str, target) -> ClaimPlan:
     cases = cover(candidates, wanted)
     reached = frozenset().union(*(claims_met(claims, c) for c in cases))
     for name in sorted(wanted - reached):
-        unmet[name] = (f"the target does not take the cases that meet it ({refused[name]})"
-                       if name in refused else
-                       f"no case of the property's strategy meets it in {CANDIDATE_DRAWS} draws")
+        if name in refused:
+            unmet[name] = f"the target does not take the cases that meet it ({refused[name]})"
+        elif lattice.declared_limits() is not None:
+            unmet[name] = (f"ruled out by the target's declared limits: no case within them "
+                           f"meets it in {CANDIDATE_DRAWS} draws of the property's strategy")
+        else:
+            unmet[name] = f"no case of the property's strategy meets it in {CANDIDATE_DRAWS} draws"
     return ClaimPlan(claims, cases, unmet)

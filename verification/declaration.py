@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from .tolerance import CONTRACT_PRECISION, PRECISIONS
 
@@ -85,6 +85,87 @@ class Supports:
     compute_precision: str = CONTRACT_PRECISION
 
 
+class OutsideLimits(Exception):
+    """A check would call the target on a shape its declared limits refuse
+    (a prefix, a piece, a rerun at another batch size or parameter rank):
+    that example is not checkable, with the limit as its reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The shapes a target takes, as its author declares them
+    (KernelDeclaration.limits; defaults: the whole contract). The lattice
+    (strategies.lattice) is then built inside them (every pair of the values they allow, rows
+    that break a limit dropped), and a case outside them is not checkable.
+
+    seq_multiple_of_chunk: T a whole number of chunks only (a kernel that
+                      reshapes T into chunks); the lengths C, 2C, 3C are drawn
+    min_seq_len, max_seq_len: the tokens of one call (None: no maximum)
+    batch_sizes:      the batch sizes taken (None: any; e.g. (1,) for a
+                      varlen kernel that flattens its documents)
+    param_ranks:      the ranks a_log / dt_bias are taken at (1 [Hv], 2
+                      [B, Hv], 3 [B, T, Hv])
+    per_batch_params_at: the batch sizes at which a_log / dt_bias may have a
+                      batch axis of that size (None: any; a leading axis of
+                      1 broadcasts and is always taken)
+    """
+    seq_multiple_of_chunk: bool = False
+    min_seq_len: int = 1
+    max_seq_len: Optional[int] = None
+    batch_sizes: Optional[Tuple[int, ...]] = None
+    param_ranks: Tuple[int, ...] = (1, 2, 3)
+    per_batch_params_at: Optional[Tuple[int, ...]] = None
+
+    def __post_init__(self):
+        if not isinstance(self.min_seq_len, int) or self.min_seq_len < 1:
+            raise ValueError(f"limits.min_seq_len must be an int >= 1, got {self.min_seq_len!r}")
+        if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int)
+                                             or self.max_seq_len < self.min_seq_len):
+            raise ValueError(f"limits.max_seq_len must be an int >= min_seq_len "
+                             f"({self.min_seq_len}) or None, got {self.max_seq_len!r}")
+        for name in ("batch_sizes", "per_batch_params_at"):
+            sizes = getattr(self, name)
+            if sizes is not None and (not sizes or not all(isinstance(b, int) and b >= 1
+                                                           for b in sizes)):
+                raise ValueError(f"limits.{name} must be a non-empty tuple of ints >= 1 or "
+                                 f"None, got {sizes!r}")
+        if not self.param_ranks or not set(self.param_ranks) <= {1, 2, 3}:
+            raise ValueError(f"limits.param_ranks must be a non-empty subset of (1, 2, 3), "
+                             f"got {self.param_ranks!r}")
+
+    @property
+    def declared(self) -> bool:
+        return self != Limits()
+
+    def refuses(self, seq_len: int, chunk: int, batch: int,
+                param_shapes: Sequence[Tuple[int, ...]] = ()) -> Optional[str]:
+        """Why a call of this shape is outside the limits, or None."""
+        if self.seq_multiple_of_chunk and seq_len % chunk:
+            return (f"the target takes T a multiple of its chunk size only, not T={seq_len}, "
+                    f"C={chunk}")
+        if seq_len < self.min_seq_len or (self.max_seq_len is not None
+                                          and seq_len > self.max_seq_len):
+            top = "" if self.max_seq_len is None else f"..{self.max_seq_len}"
+            return f"the target takes T in {self.min_seq_len}{top or '..'}, not T={seq_len}"
+        if self.batch_sizes is not None and batch not in self.batch_sizes:
+            return f"the target takes batch sizes {list(self.batch_sizes)}, not B={batch}"
+        for shape in param_shapes:
+            if len(shape) not in self.param_ranks:
+                return (f"the target takes a_log / dt_bias of ranks {list(self.param_ranks)}, "
+                        f"not {list(shape)}")
+            per_batch = len(shape) > 1 and shape[0] == batch > 1
+            if per_batch and self.per_batch_params_at is not None \
+                    and batch not in self.per_batch_params_at:
+                return (f"the target takes a_log / dt_bias with a batch axis only at batch "
+                        f"sizes {list(self.per_batch_params_at)}, not {list(shape)} at B={batch}")
+        return None
+
+    def refuses_case(self, case) -> Optional[str]:
+        """Why a case (strategies.cases) is outside the limits, or None."""
+        shapes = [getattr(case, n) for n in ("a_log_shape", "dt_bias_shape") if hasattr(case, n)]
+        return self.refuses(case.seq_len, case.chunk, case.batch, shapes)
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelDeclaration:
     """A kernel under test: its functions and what it supports.
@@ -108,6 +189,10 @@ class KernelDeclaration:
                            listed apart ("held at the declared tolerance",
                            its ratio at the policy's bound); beyond F it fails
                            as before. Never global, never a default.
+    limits:                the shapes the kernel takes (Limits: T a multiple of
+                           its chunk, T's range, batch sizes, a_log / dt_bias
+                           ranks and batch axes): cases are drawn inside them;
+                           one outside is not checkable, with the limit
     """
     gated_delta_rule: Optional[Callable] = None
     gdn_decoupled_conv1d: Optional[Callable] = None
@@ -118,6 +203,7 @@ class KernelDeclaration:
     conventions: Tuple[str, ...] = ()
     mixer_label: Optional[str] = None
     tolerance: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    limits: Limits = Limits()
 
     def __post_init__(self):
         if self.gated_delta_rule is None and self.gdn_decoupled_conv1d is None:
@@ -136,6 +222,9 @@ class KernelDeclaration:
                     or not math.isfinite(factor) or factor <= 1:
                 raise ValueError(f"KernelDeclaration: tolerance[{tensor!r}] = {factor!r}: a "
                                  "factor over the policy's bound is a finite number > 1")
+        if not isinstance(self.limits, Limits):
+            raise TypeError(f"KernelDeclaration: limits must be a Limits, got "
+                            f"{type(self.limits).__name__}")
         if self.supports.compute_precision not in PRECISIONS:
             raise ValueError(f"KernelDeclaration: supports.compute_precision "
                              f"{self.supports.compute_precision!r} is not one of "

@@ -31,11 +31,12 @@ from . import claims, known_failures, mesh_worker, runners
 from .profiles import CLAIM_CASES_IN_BUDGET
 from .registry import Property, PropertyFailure, classed, is_not_checkable, not_checkable_row
 from .properties import load_all
-from .tolerance import TensorError, failure_class, raised_class, tensor_of
+from .tolerance import TensorError, failure_class, raised_class, raised_message, tensor_of
 
 MARKER = "gdn_property"
 
 HELD, FAILED, NOT_CHECKABLE, XFAIL, XPASS = "held", "FAILED", "not checkable", "xfail", "XPASS"
+NO_CASE_WITHIN_LIMITS = "no shape of the property's lattice lies within the target's declared limits"
 
 
 @dataclasses.dataclass
@@ -63,6 +64,8 @@ class PropertyStats:
     first_failure_at: int = 0     # 1-based example index of the first failure
     not_checkable: int = 0        # examples that could not be checked (declared or numeric)
     unresolved: int = 0           # of those, examples the target ran on (numeric reasons)
+    raised: int = 0               # examples whose check raised (the target, on a case
+                                  # it declares it takes): failures, never "checked"
     known_failures: int = 0       # failing examples covered by the known-failures file
     mixer_examples: int = 0       # of examples, those of the mixer (rows labelled by
                                   # the target's mixer_label)
@@ -95,11 +98,13 @@ class PropertyStats:
         _add_beyond(self.tolerated, tensor, ratio, examples)
 
     def add_failure(self, failure_class: str, ratio: float, examples: int = 1,
-                    file: str = "") -> None:
+                    file: str = "", message: str = "") -> None:
         c = self.classes.setdefault(failure_class, {"examples": 0, "worst": 0.0, "file": ""})
         c["examples"] += examples
         c["worst"] = max(c["worst"], ratio)
         c["file"] = file or c["file"]
+        if message:
+            c["message"] = message
 
     @property
     def worst_class(self) -> Optional[str]:
@@ -108,8 +113,8 @@ class PropertyStats:
 
     @property
     def checked(self) -> int:
-        """Examples whose check resolved the question."""
-        return max(0, self.examples - self.unresolved)
+        """Examples whose check resolved the question (not those that raised)."""
+        return max(0, self.examples - self.unresolved - self.raised)
 
     @property
     def nothing_checked(self) -> bool:
@@ -195,9 +200,10 @@ def check_property(name: str, target, case, record: bool = True,
         raise classed(err, klass) from None
     except Exception as err:
         stats.failures += 1
+        stats.raised += 1
         stats.first_failure_at = stats.first_failure_at or stats.examples + 1
         klass = raised_class(err)
-        stats.add_failure(klass, math.inf)
+        stats.add_failure(klass, math.inf, message=raised_message(err))
         session().last_failure[(name, klass)] = (case, target, [])
         raise
     finally:
@@ -357,6 +363,9 @@ def hypothesis_test(p: Property):
                     pass                            # every drawn case was not checkable
                 except Exception as err:            # pytest's skip/xfail/fail pass through
                     failures.append(err)
+            if not stats.examples and not stats.not_checkable:     # never a pass
+                _add_reason(stats, NO_CASE_WITHIN_LIMITS if gdn_target.declaration.limits.declared
+                            else "no case could be drawn")
             if failures:
                 stats.verdict = FAILED
                 if len(failures) == 1:
@@ -393,6 +402,7 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
                    "first_failure_at": st.first_failure_at, "seconds": st.seconds,
                    "compiles": st.compiles, "compile_s": st.compile_s,
                    "not_checkable": st.not_checkable, "unresolved": st.unresolved,
+                   "raised": st.raised,
                    "known_failures": st.known_failures, "verdict": st.verdict,
                    "mixer_examples": st.mixer_examples,
                    "reasons": dict(st.reasons),
@@ -421,6 +431,7 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         st.compile_s += d.get("compile_s", 0.0)
         st.not_checkable += d["not_checkable"]
         st.unresolved += d.get("unresolved", 0)
+        st.raised += d.get("raised", 0)
         st.known_failures += d.get("known_failures", 0)
         st.mixer_examples += d.get("mixer_examples", 0)
         for why, n in d.get("reasons", {}).items():
@@ -434,7 +445,7 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         for tensor, tol in d.get("tolerated", {}).items():
             st.add_tolerated(tensor, tol["worst"], tol["examples"])
         for klass, c in d.get("classes", {}).items():
-            st.add_failure(klass, c["worst"], c["examples"], c["file"])
+            st.add_failure(klass, c["worst"], c["examples"], c["file"], c.get("message", ""))
         for claim, n in d.get("claims_met", {}).items():
             st.claims_met[claim] = st.claims_met.get(claim, 0) + n
         st.claims_unmet.update(d.get("claims_unmet", {}))

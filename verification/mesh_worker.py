@@ -25,7 +25,7 @@ from typing import Dict, List
 from strategies.cases import case_from_json, case_to_json
 
 from . import runners
-from .declaration import precision_of
+from .declaration import OutsideLimits, precision_of
 from .registry import conclude, not_checkable_row
 from .tolerance import TensorError, at_declared_tolerance, declared_precision
 
@@ -49,8 +49,12 @@ def run(prop, target, case) -> List[TensorError]:
     reason = prop.not_checkable(target, case)
     if reason:
         return [not_checkable_row(prop.id, reason)]
-    rows = at_declared_tolerance(check(prop, target, case), target.declaration.tolerance)
-    return conclude(prop.id, rows)
+    try:
+        rows = check(prop, target, case)
+    except OutsideLimits as err:
+        return [not_checkable_row(prop.id, f"the check calls the target outside its declared "
+                                           f"limits ({err})")]
+    return conclude(prop.id, at_declared_tolerance(rows, target.declaration.tolerance))
 
 
 def check(prop, target, case) -> List[TensorError]:

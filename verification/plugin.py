@@ -102,6 +102,8 @@ class Suite:
         os.environ[TARGET_ENV] = self.target.spec      # workers, mesh workers, replays
         from strategies import lattice
         lattice.declare_beyond_contract(self.target.declaration.supports.chunk_sizes)
+        limits = self.target.declaration.limits
+        lattice.declare_limits(limits if limits.declared else None)
         from . import harness
         from .profiles import register_profiles, selected_profile
         from hypothesis import settings
@@ -356,8 +358,10 @@ def progress_line(name: str, st: dict) -> str:
     worst = _worst_row(st)
     ratio = f", worst ratio {worst.ratio:.2f} ({worst.name})" if worst and worst.bound_rel else ""
     nc = f", {st['not_checkable']} not checkable" if st["not_checkable"] else ""
-    return (f"{name}: {st['verdict'] or '?'}: {st['examples'] - st.get('unresolved', 0)} "
-            f"example(s) checked{nc}{ratio} [{st['seconds']:.0f} s]")
+    raised = f", {st['raised']} raised" if st.get("raised") else ""
+    checked = st["examples"] - st.get("unresolved", 0) - st.get("raised", 0)
+    return (f"{name}: {st['verdict'] or '?'}: {checked} example(s) checked{raised}{nc}{ratio} "
+            f"[{st['seconds']:.0f} s]")
 
 
 def summary_lines(suite: Suite):
@@ -427,6 +431,7 @@ def failure_class_lines(st) -> list:
     order = sorted(st.classes, key=lambda k: -st.classes[k]["worst"])
     return [f"    failure class {k}: {st.classes[k]['examples']} failing run(s), worst ratio "
             f"{st.classes[k]['worst']:.3g}, counterexample {_class_file(st, k)}"
+            + (f"; {st.classes[k]['message']}" if st.classes[k].get("message") else "")
             for k in order]
 
 
@@ -503,10 +508,12 @@ def verdict_lines(suite: Suite, stats) -> list:
     for name, st in stats.items():
         by.setdefault(st.verdict or "-", []).append(name)
     examples = sum(st.checked for st in stats.values())
+    raised = sum(st.raised for st in stats.values())
     compiles = suite.total_compiles()
     lines = [f"target {suite.target.spec} (profile {suite.profile_name()}, scope "
              f"{suite.scope}): {len(stats)} properties, {examples} examples checked, "
-             f"{compiles} programs built ({suite.cache_hits()} read from the compile cache)"
+             + (f"{raised} raised (not checked), " if raised else "")
+             + f"{compiles} programs built ({suite.cache_hits()} read from the compile cache)"
              + (f", {examples / compiles:.2f} examples per program" if compiles else "")
              + f", {time.perf_counter() - suite.start:.0f} s"]
     lines += [f"  adapter: {line}" for line in suite.target.declaration.conventions]

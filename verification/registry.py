@@ -128,9 +128,13 @@ class Property:
         return (self.check.__doc__ or "").strip().splitlines()[0]
 
     def not_checkable(self, target, case=None) -> Optional[str]:
-        """Why this property cannot be checked on target (on this case), or None."""
-        return target.not_checkable(self.needs + (self.case_needs(case) if case is not None
-                                                  else ()))
+        """Why this property cannot be checked on target (on this case: what
+        it needs, and whether its shape is inside the target's declared
+        limits), or None."""
+        if case is None:
+            return target.not_checkable(self.needs)
+        return (target.not_checkable(self.needs + self.case_needs(case))
+                or target.declaration.limits.refuses_case(case))
 
 
 def not_checkable_row(name: str, reason: str) -> TensorError:

@@ -19,6 +19,7 @@ from gdn_kernels.interpret import resolved_mode
 from strategies import cotangent, delta_rule_inputs, mixer_inputs, segment_ids_of
 from strategies.cases import DeltaRuleCase, MixerCase
 
+from .declaration import OutsideLimits
 from .targets import Target
 from .tolerance import CONTRACT_PRECISION, PRECISIONS
 
@@ -321,8 +322,19 @@ def run_forward(fn, case, inputs, *, x64=False):
     return tuple(np.asarray(o) for o in out)
 
 
+def within_limits(target: Target, case, lengths: Tuple[int, ...] = ()) -> None:
+    """Raise declaration.OutsideLimits when the target's declared limits
+    refuse the case, or calls of these lengths (pieces of its row)."""
+    limits = target.declaration.limits
+    reason = limits.refuses_case(case) or next(
+        (r for r in (limits.refuses(t, case.chunk, case.batch) for t in lengths) if r), None)
+    if reason:
+        raise OutsideLimits(reason)
+
+
 def target_vjp(target: Target, case, inputs=None):
     """The target's outputs and input cotangents on a case."""
+    within_limits(target, case)
     inputs = case_inputs(case) if inputs is None else inputs
     cts = cotangents(case)
     return run_vjp(target_fn(target, case_op(case)), case, inputs,
@@ -349,6 +361,7 @@ def target_vjp_shapes(target: Target, case, inputs=None):
     jax.ShapeDtypeStruct (outputs tuple, grads dict), by tracing the VJP
     program afresh (compiling and running nothing), so trace-time records
     (verification.adapters.recording_deviations) see every call."""
+    within_limits(target, case)
     inputs = case_inputs(case) if inputs is None else inputs
     names = tuple(inputs)
     program = _vjp_program(target_fn(target, case_op(case)), case_op(case), _static(case),
@@ -361,6 +374,7 @@ def target_vjp_shapes(target: Target, case, inputs=None):
 
 
 def target_forward(target: Target, case, inputs=None):
+    within_limits(target, case)
     inputs = case_inputs(case) if inputs is None else inputs
     return run_forward(target_fn(target, case_op(case)), case, inputs)
 

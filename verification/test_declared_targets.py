@@ -273,3 +273,67 @@ def test_chunk_sizes_beyond_the_contract_are_drawn_only_for_a_target_declaring_t
         assert harness.verdict_of(p, declaring, [case])[0] == harness.HELD
         verdict, stats = harness.verdict_of(p, Target.parse("gdn_kernels:xla"), [case])
         assert verdict == harness.NOT_CHECKABLE and "not 256" in harness.reasons_text(stats)
+
+
+# --- declared limits (KernelDeclaration.limits) -----------------------------
+
+WHOLE_CHUNKS = "verification.foreign_targets.whole_chunks_layer"
+
+
+def test_limits_are_checked_where_declared():
+    from verification import Limits
+    for bad in (dict(min_seq_len=0), dict(min_seq_len=8, max_seq_len=4),
+                dict(batch_sizes=()), dict(batch_sizes=(0,)), dict(param_ranks=(4,)),
+                dict(per_batch_params_at=(1.5,))):
+        with pytest.raises(ValueError, match="limits"):
+            Limits(**bad)
+    with pytest.raises(TypeError, match="limits"):
+        KernelDeclaration(gdn_decoupled_conv1d=scan.gdn_decoupled_conv1d, limits={})
+
+
+def test_cases_are_drawn_inside_the_declared_limits():
+    """With a target's limits declared, the lattice is built inside them:
+    every drawn case is one it takes (whole chunks, [Hv] or [1, Hv]
+    parameters, a batch axis only at B = 1), in the dev and ci coverings;
+    without them, the contract's lattice is unchanged."""
+    from strategies import lattice
+    from .foreign_targets.whole_chunks_layer import LIMITS
+    unlimited = (lattice.mixer_geometries(), lattice.delta_geometries())
+    previous = settings.get_current_profile_name()
+    lattice.declare_limits(LIMITS)
+    try:
+        for profile in ("dev", "ci"):
+            settings.load_profile(profile)
+            for prop in ("mixer_gradient_parity", "cotangent_shapes_and_dtypes"):
+                cases = drawn_cases(PROPERTIES[prop], n=30)[len(PROPERTIES[prop].examples):]
+                assert cases and all(LIMITS.refuses_case(c) is None for c in cases), prop
+                assert {c.seq_len // c.chunk for c in cases} >= {1, 2}, prop
+    finally:
+        lattice.declare_limits(None)
+        settings.load_profile(previous)
+    assert (lattice.mixer_geometries(), lattice.delta_geometries()) == unlimited
+    assert len(unlimited[0]) == 68 and len(unlimited[1]) == 45
+
+
+@pytest.mark.long_running
+def test_a_kernel_declared_as_it_is_holds_inside_its_limits():
+    """The layer-only kernel with limits, declared so: what it takes holds;
+    a property whose check calls it at other shapes (a rerun at [B, T, Hv]
+    parameters, a longer row) is not checkable, naming the limit; the core
+    op's property is not checkable (no core op); nothing raised. Declared
+    without its limits, the same kernel raises on the contract's shapes:
+    FAILED, with the exception's class and message, counted as raised."""
+    props = "mixer_gradient_parity,param_gradient_is_broadcast_sum,causality,split_invariance"
+    proc = _pytest("--gdn-target", WHOLE_CHUNKS, "--gdn-properties", props,
+                   "--gdn-examples", "2")
+    out = proc.stdout
+    assert proc.returncode == 0 and "1 passed, 3 skipped" in out, out[-3000:]
+    assert "calls the target outside its declared limits (the target takes a_log" in out
+    assert "calls the target outside its declared limits (the target takes T a multiple" in out
+    assert "the target exposes no core op" in out and "raised" not in out
+    undeclared = _pytest("--gdn-target", f"{WHOLE_CHUNKS}_undeclared", "--gdn-properties",
+                         "mixer_forward_parity", "--gdn-examples", "2")
+    out = undeclared.stdout
+    assert undeclared.returncode == 1, out[-3000:]
+    assert "failure class raised ValueError" in out and "is not a multiple of chunk_size" in out
+    assert "raised (not checked)" in out, out[-3000:]

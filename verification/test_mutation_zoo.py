@@ -113,7 +113,7 @@ def test_a_claim_no_case_meets_is_reported_with_its_reason():
 class _NoBfloat16:
     """A target that takes no bfloat16 case (for the probe above)."""
     def __init__(self, target):
-        self.target = target
+        self.target, self.declaration = target, target.declaration
 
     def not_checkable(self, needs):
         if "dtype:bfloat16" in needs:

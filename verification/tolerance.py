@@ -418,6 +418,12 @@ def raised_class(err: BaseException) -> str:
     return f"raised {type(err).__name__}"
 
 
+def raised_message(err: BaseException, width: int = 160) -> str:
+    """The first line of a raised exception's message, cut to `width`."""
+    text = (str(err).strip().splitlines() or [""])[0]
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def failure_class(rows: Iterable[TensorError], dtype: str) -> str:
     """The class of one failing example: its worst failing tensor (a
     non-finite one first), the case's input dtype, and whether the miss is

@@ -72,6 +72,7 @@ def _rows_vs_oracle(case, cut, label, inputs, state):
 def _handoff_rows(target, case: MixerCase, kind: str, label: str):
     """Pieces vs one call of the same target (handoff bound), and the pieces
     vs the float64 oracle."""
+    runners.within_limits(target, case, pieces(case, kind))
     inputs, state = runners.case_inputs(case), incoming_state(case)
     fn = runners.target_fn(target, "mixer")
     w_out, w_grads = runners.run_pieces(fn, case, inputs, state, pieces(case, "one"))
@@ -160,6 +161,7 @@ def state_gradient_parity(target, case: MixerCase):
     on the returned state: outputs, returned state and the gradients of
     every input and of state.conv / state.recurrent match the float64
     oracle (packed rows included: only the first document continues it)."""
+    runners.within_limits(target, case)
     inputs, state = runners.case_inputs(case), incoming_state(case)
     cut = runners.run_pieces(runners.target_fn(target, "mixer"), case, inputs, state,
                              pieces(case, "one"))
@@ -177,6 +179,7 @@ def decode_loop(target, case: MixerCase, steps: int, stop_at_recompile: bool = F
     first decode step after the first that compiled (a recompiling target
     fails after two steps instead of compiling all of them)."""
     long = replace(case, seq_len=case.seq_len + steps, near_zero=())
+    runners.within_limits(target, case, (1,))
     inputs, state = runners.case_inputs(long), incoming_state(case)
     kw = dict(runners.mixer_static(case))
     fn = runners.target_fn(target, "mixer")
