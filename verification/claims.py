@@ -136,7 +136,7 @@ def _draw_candidates(p, claims: Mapping[str, Callable], wanted: frozenset,
 def plan(p, target=None) -> ClaimPlan:
     """The claim plan of property p in the loaded profile, for `target`
     (None: every case is taken). Cached per property, covering, declared
-    chunk sizes and target."""
+    chunk sizes, declared limits and target."""
     key = (p.id, lattice.current_covering(), lattice.declared_beyond_contract(),
            lattice.declared_limits(), getattr(target, "spec", None))
     if key not in _PLANS:
