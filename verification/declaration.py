@@ -359,9 +359,8 @@ def precision_of(declaration: KernelDeclaration, case) -> str:
 
 def case_needs(case) -> Tuple[str, ...]:
     """What one case asks of the target: its op (the mixer, or the core op),
-    activation dtype, chunk
-    size, QK norm (none inside the core op; the mixer's own), beta = 1,
-    GVA, packed rows and (core op) an initial state."""
+    activation dtype, chunk size, QK norm (none inside the core op; the
+    mixer's own), beta = 1, GVA, packed rows and (core op) an initial state."""
     from strategies.cases import MixerCase
     mixer = isinstance(case, MixerCase)
     needs = ["mixer" if mixer else "core"]

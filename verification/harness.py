@@ -78,11 +78,11 @@ class PropertyStats:
     # tensor -> {"examples", "worst"}: rows that held only at the target's
     # declared precision (tolerance.DEVIATES), worst = ratio at the contract's bound
     deviations: Dict[str, dict] = dataclasses.field(default_factory=dict)
-    # coverage claims (verification/claims.py): claim -> checked examples that
-    # met it; claim -> why this run built no case to meet it
     # tensor -> {"examples", "worst"}: rows that held only at the target's
     # declared tolerance, worst = ratio at the policy's bound
     tolerated: Dict[str, dict] = dataclasses.field(default_factory=dict)
+    # coverage claims (verification/claims.py): claim -> checked examples that
+    # met it; claim -> why this run built no case to meet it
     claims_met: Dict[str, int] = dataclasses.field(default_factory=dict)
     claims_unmet: Dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -187,7 +187,7 @@ def check_property(name: str, target, case, record: bool = True,
         failing = [r for r in err.rows if not r.passed]
         covered = known_failures.covering(session().options.known, name, failing) if record else None
         _update_worst(stats, err.rows)
-        _count_deviations(stats, err.rows)
+        _count_beyond_bounds(stats, err.rows)
         if covered:
             stats.known_failures += 1
             session().known_hits.setdefault(name, set()).update(e.label for e in covered)
@@ -214,7 +214,7 @@ def check_property(name: str, target, case, record: bool = True,
         stats.compiles += runners.compile_count() - c0
         stats.compile_s += runners.compile_seconds() - s0
     _update_worst(stats, rows)
-    _count_deviations(stats, rows)
+    _count_beyond_bounds(stats, rows)
     unresolved = [r for r in rows if is_not_checkable(r)]
     if unresolved:
         stats.unresolved += 1
@@ -224,7 +224,7 @@ def check_property(name: str, target, case, record: bool = True,
     return rows
 
 
-def _count_deviations(stats: PropertyStats, rows: List[TensorError]) -> None:
+def _count_beyond_bounds(stats: PropertyStats, rows: List[TensorError]) -> None:
     """One example's deviation rows and rows held at the declared tolerance,
     one count per tensor."""
     for field, add in (("deviation", stats.add_deviation), ("tolerated", stats.add_tolerated)):
