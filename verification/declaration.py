@@ -57,7 +57,8 @@ class Supports:
                      it takes q and k as given, as the contract says; else its
                      own cases are not checkable)
     mixer_qk_norm:   the mixer accepts only use_qk_norm=True with this eps
-                     (a mixer built on such a core; None: any)
+                     (a layer with its QK norm fixed inside, or a mixer built
+                     on a core that norms; None: any)
     saturated_beta:  beta exactly 1 (a convention of beta as a logit cannot
                      carry it)
     compute_precision: how the kernel computes its bfloat16-input cases, a
@@ -337,7 +338,7 @@ def _qk_norm_unmet(supports: Supports, value: str) -> Optional[str]:
     fixed = supports.mixer_qk_norm
     if fixed is not None and (value == "off" or float(value) != fixed):
         wanted = "no QK norm" if value == "off" else f"eps={float(value):g}"
-        return (f"the mixer's QK norm is the core's own (eps={fixed:g}); "
+        return (f"the mixer's QK norm is fixed inside it (use_qk_norm=True, eps={fixed:g}); "
                 f"the case asks for {wanted}")
     return None
 

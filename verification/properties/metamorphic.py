@@ -84,12 +84,13 @@ def _lengthened(shape, seq_len, extra):
 @prop("causality", family="metamorphic", strategy=mixer_cases(where=_f32), weight=0.5,
       wrong_target="gdn_mutant_conv_forward_looks_ahead:xla", covers=LENGTH_COVERS)
 def causality(target, case: MixerCase):
-    """Appending tokens never changes earlier outputs of gdn_decoupled_conv1d."""
-    extra = case.chunk // 2 + 1
+    """Appending tokens never changes earlier outputs of gdn_decoupled_conv1d
+    (half a chunk and one, across a chunk edge; a whole chunk where the
+    target's declared limits take whole chunks only)."""
     inputs = runners.case_inputs(case)
-    longer = replace(case, seq_len=case.seq_len + extra,
-                     a_log_shape=_lengthened(case.a_log_shape, case.seq_len, extra),
-                     dt_bias_shape=_lengthened(case.dt_bias_shape, case.seq_len, extra))
+    longer = [_appended(case, extra) for extra in (case.chunk // 2 + 1, case.chunk)]
+    longer = next((c for c in longer if not target.declaration.limits.refuses_case(c)),
+                  longer[0])
     more = runners.case_inputs(longer)
     ext = {}
     for n, x in inputs.items():   # same prefix, fresh suffix on every time axis
@@ -99,6 +100,13 @@ def causality(target, case: MixerCase):
     short_out = runners.target_forward(target, case, inputs)[0]
     long_out = runners.target_forward(target, longer, ext)[0][:, :case.seq_len]
     return [compare_self("o prefix", long_out, short_out, case.dtype)]
+
+
+def _appended(case: MixerCase, extra: int) -> MixerCase:
+    """The case with `extra` tokens appended (time-axis parameters too)."""
+    return replace(case, seq_len=case.seq_len + extra,
+                   a_log_shape=_lengthened(case.a_log_shape, case.seq_len, extra),
+                   dt_bias_shape=_lengthened(case.dt_bias_shape, case.seq_len, extra))
 
 
 def _rebatch(shape, batch):

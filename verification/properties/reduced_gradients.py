@@ -23,6 +23,9 @@ PARAM_RANK_COVERS = {
     "[1,T,Hv] a_log": lambda c: len(c.a_log_shape) == 3 and c.a_log_shape[:2] == (
         1, c.seq_len) and c.seq_len > 1,
     "[Hv] dt_bias": lambda c: len(c.dt_bias_shape) == 1,
+    # a batch axis of size 1 at B=1: what a kernel taking per-batch parameters
+    # at a batch of one only (declared Limits) loses to a sum over (0, 1)
+    "[1,Hv] a_log": lambda c: c.a_log_shape == (1, c.v_heads),
 }
 
 
