@@ -172,7 +172,7 @@ def test_an_unknown_convention_is_a_named_error(bad):
         Conventions(**bad)
 
 
-DEVIATING = "verification.wrong_targets.gradients_in_q_dtype"
+DEVIATING = "verification.fixture_kernels.wrong_targets.gradients_in_q_dtype"
 
 
 def _gdn_verify(tmp_path, *args):

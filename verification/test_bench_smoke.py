@@ -168,7 +168,7 @@ def test_main_job_benchmark_runs_cold_then_warm(tmp_path):
     properties, one example each; the warm run reads the cold run's programs."""
     out = tmp_path / "main-job.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.main_job", "--rounds", "1",
-                           "--target", "verification.foreign_targets.float32_only_scan",
+                           "--target", "verification.fixture_kernels.foreign_targets.float32_only_scan",
                            "--examples", "1", "--properties", "split_invariance,causality",
                            "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600,

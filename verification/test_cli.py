@@ -18,7 +18,7 @@ from .properties import load_all
 
 load_all()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCAN = "verification.foreign_targets.float32_only_scan"
+SCAN = "verification.fixture_kernels.foreign_targets.float32_only_scan"
 
 
 @pytest.mark.parametrize("argv", [
@@ -102,8 +102,8 @@ def test_junit_xml_json_report_and_seed(tmp_path):
 # --------------------------------------------------------------- replay
 PROBE = '''
 import os
-from verification.foreign_targets.float32_only_scan import *   # noqa: F401,F403
-from verification.foreign_targets import float32_only_scan as _scan
+from verification.fixture_kernels.foreign_targets.float32_only_scan import *   # noqa: F401,F403
+from verification.fixture_kernels.foreign_targets import float32_only_scan as _scan
 
 def gated_delta_rule(*args, **kwargs):
     with open(os.environ["PROBE_FILE"], "a") as f:

@@ -4,7 +4,7 @@ bfloat16 by design is judged against the token scan under its declared
 rounding model; where it holds there but misses the contract's float32
 bound, the row passes as a deviation (listed apart in the summary), and a
 real bug is still killed. The fixtures are written here, independently of
-gdn_kernels (verification/foreign_targets/bf16_compute_chunked.py)."""
+gdn_kernels (verification/fixture_kernels/foreign_targets/bf16_compute_chunked.py)."""
 
 import dataclasses
 
@@ -23,8 +23,8 @@ from .tolerance import (DEVIATES, PRECISIONS, compare_handoff, compare_self, com
 
 load_all()
 
-BF16_COMPUTE = "verification.foreign_targets.bf16_compute_chunked"
-BF16_STATE = "verification.foreign_targets.bf16_state_chunked"
+BF16_COMPUTE = "verification.fixture_kernels.foreign_targets.bf16_compute_chunked"
+BF16_STATE = "verification.fixture_kernels.foreign_targets.bf16_state_chunked"
 # Cases of bfloat16 activations (float32 state): two chunk sizes, GVA, a
 # strongly decaying one, several chunks per row.
 DELTA_BF16 = (delta_case("gva2-dk<dv", 2, 70, 16, seed=11, dtype="bfloat16"),
@@ -57,7 +57,7 @@ def test_without_its_declaration_the_same_kernel_fails_the_contract():
     """No blanket loosening: undeclared, the same kernel fails on its
     bfloat16 final state."""
     verdict, stats = _verdict("delta_rule_forward_parity",
-                              "verification.wrong_targets.bf16_compute_undeclared", DELTA_BF16)
+                              "verification.fixture_kernels.wrong_targets.bf16_compute_undeclared", DELTA_BF16)
     assert verdict == harness.FAILED
     assert any(k.startswith("final_state bfloat16") for k in stats.classes)
 
@@ -81,7 +81,7 @@ def test_a_planted_bfloat16_state_shows_as_a_larger_deviation():
     rounding."""
     base = _deviations(_verdict("delta_rule_forward_parity", BF16_COMPUTE, DELTA_BF16)[1])
     verdict, stats = _verdict("delta_rule_forward_parity",
-                              "verification.wrong_targets.bf16_state_declared_float32",
+                              "verification.fixture_kernels.wrong_targets.bf16_state_declared_float32",
                               DELTA_BF16)
     assert verdict == harness.HELD
     assert _deviations(stats)["final_state"] > 1.2 * base["final_state"]
@@ -91,7 +91,7 @@ def test_a_real_bug_is_killed_under_the_declared_precision():
     """A gate off by one token on the bfloat16 path fails far beyond
     bfloat16 compute."""
     verdict, stats = _verdict("delta_rule_forward_parity",
-                              "verification.wrong_targets.bf16_compute_gate_shifted", DELTA_BF16)
+                              "verification.fixture_kernels.wrong_targets.bf16_compute_gate_shifted", DELTA_BF16)
     assert verdict == harness.FAILED
     assert max(c["worst"] for c in stats.classes.values()) > 5
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from verification import KernelDeclaration, Supports
-from verification.foreign_targets import float32_only_scan as scan
+from verification.fixture_kernels.foreign_targets import float32_only_scan as scan
 
 from . import harness
 from .declaration import declaration_of, unmet
@@ -162,7 +162,7 @@ def test_a_plain_module_is_read_as_the_whole_contract():
 @pytest.mark.parametrize("spec, words", [
     ("no_such_module_here", ["no_such_module_here", "ModuleNotFoundError"]),
     ("json", ["'json'", "gated_delta_rule"]),
-    ("verification.foreign_targets.float32_only_scan@data=2", ["sharded()"]),
+    ("verification.fixture_kernels.foreign_targets.float32_only_scan@data=2", ["sharded()"]),
     (":xla", ["no module name"]),
 ])
 def test_a_bad_spec_names_the_spec_and_the_reason(spec, words):
@@ -188,7 +188,7 @@ def _pytest(*args, env=None):
 
 
 def test_not_checkable_is_a_skip_and_strict_fails_it():
-    spec = "verification.author_fixture.my_kernels"
+    spec = "verification.fixture_kernels.author_fixture.my_kernels"
     plain = _pytest("--gdn-target", spec, "--gdn-properties",
                     "segment_ids_are_data,l2norm_scale_invariance", "--gdn-examples", "1")
     assert plain.returncode == 0 and "1 passed, 1 skipped" in plain.stdout, plain.stdout[-2000:]
@@ -207,7 +207,7 @@ def test_known_failures_xfail_and_a_stale_entry_fails(tmp_path):
                    "--gdn-properties", "delta_rule_forward_parity,mixer_forward_parity",
                    "--gdn-examples", "6", f"--gdn-known-failures={known}")
     assert proc.returncode == 0 and "2 xfailed" in proc.stdout, proc.stdout[-2000:]
-    stale = _pytest("--gdn-target", "verification.foreign_targets.float32_only_scan",
+    stale = _pytest("--gdn-target", "verification.fixture_kernels.foreign_targets.float32_only_scan",
                     "--gdn-properties", "delta_rule_forward_parity", "--gdn-examples", "2",
                     f"--gdn-known-failures={known}")
     assert stale.returncode == 1 and "XPASS(strict)" in stale.stdout, stale.stdout[-2000:]
@@ -257,7 +257,7 @@ def test_chunk_sizes_beyond_the_contract_are_drawn_only_for_a_target_declaring_t
                      suppress_health_check=list(HealthCheck), phases=[Phase.generate])
     parity = [PROPERTIES[p] for p in ("delta_rule_forward_parity", "mixer_forward_parity")]
     previous = settings.get_current_profile_name()
-    declaring = Target.parse("verification.foreign_targets.bf16_compute_chunked")
+    declaring = Target.parse("verification.fixture_kernels.foreign_targets.bf16_compute_chunked")
     wide = []
     try:
         lattice.declare_beyond_contract(declaring.declaration.supports.chunk_sizes)
@@ -278,7 +278,7 @@ def test_chunk_sizes_beyond_the_contract_are_drawn_only_for_a_target_declaring_t
 
 # --- declared limits (KernelDeclaration.limits) -----------------------------
 
-WHOLE_CHUNKS = "verification.foreign_targets.whole_chunks_layer"
+WHOLE_CHUNKS = "verification.fixture_kernels.foreign_targets.whole_chunks_layer"
 
 
 def test_limits_are_checked_where_declared():
@@ -298,7 +298,7 @@ def test_cases_are_drawn_inside_the_declared_limits():
     parameters, a batch axis only at B = 1), in the dev and ci coverings;
     without them, the contract's lattice is unchanged."""
     from strategies import lattice
-    from .foreign_targets.whole_chunks_layer import LIMITS
+    from .fixture_kernels.foreign_targets.whole_chunks_layer import LIMITS
     unlimited = (lattice.mixer_geometries(), lattice.delta_geometries())
     previous = settings.get_current_profile_name()
     lattice.declare_limits(LIMITS)

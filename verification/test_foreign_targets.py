@@ -1,5 +1,5 @@
 """Meta-tests: no false alarms. Correct implementations of the contract
-that are not ours (verification/foreign_targets: token scans in float32 with
+that are not ours (verification/fixture_kernels/foreign_targets: token scans in float32 with
 plain autodiff, one refusing float64 inputs, one accepting float64 but
 computing in float32; chunked kernels computing bfloat16 inputs in bfloat16,
 declared so, one keeping its state in float32, one in bfloat16) pass every
@@ -21,12 +21,12 @@ from .tolerance import CONTRACT_PRECISION
 
 load_all()
 
-FOREIGN_TARGETS = ("verification.foreign_targets.float32_only_scan",
-                   "verification.foreign_targets.float32_compute_scan",
-                   "verification.foreign_targets.bf16_compute_chunked",
-                   "verification.foreign_targets.bf16_state_chunked")
+FOREIGN_TARGETS = ("verification.fixture_kernels.foreign_targets.float32_only_scan",
+                   "verification.fixture_kernels.foreign_targets.float32_compute_scan",
+                   "verification.fixture_kernels.foreign_targets.bf16_compute_chunked",
+                   "verification.fixture_kernels.foreign_targets.bf16_state_chunked")
 # Targets whose float32 path is another's (bf16_compute_chunked's): bfloat16 examples only.
-BFLOAT16_ONLY = ("verification.foreign_targets.bf16_state_chunked",)
+BFLOAT16_ONLY = ("verification.fixture_kernels.foreign_targets.bf16_state_chunked",)
 EXAMPLES_PER_PROPERTY = 2
 # bfloat16 examples of a target declaring a compute precision, per property
 # (the explicit tests of its precision: verification/test_declared_precision.py)

@@ -116,3 +116,21 @@ def test_the_checks_see_a_circle_and_an_upward_arrow():
     assert circles(graph) == [["gdn_kernels.a", "strategies.b"]]
     assert _rank("strategies.b") > _rank("gdn_kernels.a")
     assert "verification.registry" in import_graph()["verification.harness"]
+
+
+FIXTURE_KERNELS = "verification.fixture_kernels"
+
+
+def _is_fixture(module: str) -> bool:
+    return module == FIXTURE_KERNELS or module.startswith(FIXTURE_KERNELS + ".")
+
+
+def test_the_engine_never_imports_the_fixture_kernels():
+    """The kernels that exist to test the suite stay apart from it: no module
+    of the suite imports them (properties and tests name them as targets,
+    by module); they import the suite's public API like any kernel."""
+    graph = import_graph()
+    assert any(_is_fixture(m) for m in graph)
+    inward = sorted((a, b) for a in graph for b in graph[a]
+                    if _is_fixture(b) and not _is_fixture(a))
+    assert not inward, inward

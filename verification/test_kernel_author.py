@@ -1,7 +1,7 @@
 """A kernel author's first run, as docs/kernel-authors.md "Verify your own
 kernel" tells it: a fresh virtual environment in an empty directory outside
 this repository, the project installed into it, the author's float32 scan
-(verification/author_fixture/my_kernels.py) verified with `pytest
+(verification/fixture_kernels/author_fixture/my_kernels.py) verified with `pytest
 --gdn-target` and `gdn-verify --target`, the author's own tests untouched
 by the plugin, a planted bug failing with a counterexample that replays,
 and bad target specs rejected as usage errors. Every command of that doc
@@ -21,7 +21,7 @@ from .plugin import long_running
 from .properties import load_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE = os.path.join(ROOT, "verification", "author_fixture", "my_kernels.py")
+FIXTURE = os.path.join(ROOT, "verification", "fixture_kernels", "author_fixture", "my_kernels.py")
 REPO_PLACEHOLDER = "/path/to/gdn-verify"
 # Examples per property for the scenario's runs (GDN_EXAMPLES): every
 # property runs; the example budget is the profiles' business.

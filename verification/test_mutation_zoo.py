@@ -1,7 +1,7 @@
 """Meta-tests: the suite can fail, and its strategies reach what they claim.
 
 Every registered property is shown failing on its declared wrong target (a
-seeded-bug mutant of gdn_kernels, or a wrapper in verification/wrong_targets);
+seeded-bug mutant of gdn_kernels, or a wrapper in verification/fixture_kernels/wrong_targets);
 its strategy reaches each of its coverage claims; every mutant's killers are
 registered properties. For the three bugs this project exists to catch, the
 counterexample file written on failure replays to the same failure (and
@@ -147,7 +147,7 @@ def test_counterexample_file_replays_to_the_same_failure(prop_id, wrong, tmp_pat
         assert isinstance(again.value, PropertyFailure)
 
 
-TWO_CLASSES = "verification.wrong_targets.two_failure_classes"
+TWO_CLASSES = "verification.fixture_kernels.wrong_targets.two_failure_classes"
 
 
 def test_each_failure_class_gets_its_own_counterexample(tmp_path, capsys):

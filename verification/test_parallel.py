@@ -19,7 +19,7 @@ from verification import reports, shards
 from verification.mutants import MUTANTS
 from verification.plugin import long_running
 
-WRONG = "verification.wrong_targets.nondeterministic"
+WRONG = "verification.fixture_kernels.wrong_targets.nondeterministic"
 # determinism fails on this target; the others pass (four tests: no shard of three is empty)
 PROPERTIES = "determinism,causality,batch_independence,split_invariance"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,5 +1,5 @@
 """The review's layer kernel, verified as it is (docs/kernel-authors.md "A
-layer kernel as it is"): verification/author_fixture/review_layer.py (a
+layer kernel as it is"): verification/fixture_kernels/author_fixture/review_layer.py (a
 layer-only custom VJP with a Pallas backward in interpret mode, written
 without gdn_kernels) copied into a directory outside this repository,
 declared there by the doc's own block (at most 15 lines, its limits
@@ -19,7 +19,7 @@ import pytest
 from .plugin import long_running
 from .test_kernel_author import ROOT, installed_author
 
-LAYER = os.path.join(ROOT, "verification", "author_fixture", "review_layer.py")
+LAYER = os.path.join(ROOT, "verification", "fixture_kernels", "author_fixture", "review_layer.py")
 DOC = os.path.join(ROOT, "docs", "kernel-authors.md")
 MARKERS = ("<!-- review-layer-declaration -->", "<!-- /review-layer-declaration -->")
 MAX_DECLARATION_LINES = 15

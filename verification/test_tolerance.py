@@ -74,7 +74,7 @@ def test_a_declared_tolerance_is_printed_and_fails_beyond_its_factor(module, fac
     policy's bound): declared x1e4 it holds, the header and summary saying
     so with the policy's ratio; declared x2 the same kernel fails."""
     from .test_declared_targets import _pytest
-    proc = _pytest("--gdn-target", f"verification.wrong_targets.{module}",
+    proc = _pytest("--gdn-target", f"verification.fixture_kernels.wrong_targets.{module}",
                    "--gdn-properties", "mixer_gradient_parity", "--gdn-examples", "1",
                    env={"GDN_COUNTEREXAMPLES": str(tmp_path)})
     out = proc.stdout

@@ -1,6 +1,6 @@
 """docs/verify-your-kernel.md, run as a kernel author runs it: a fresh
 virtual environment in a directory outside this repository, the three
-fixture kernels in other conventions (verification/convention_fixtures,
+fixture kernels in other conventions (verification/fixture_kernels/convention_fixtures,
 written independently of gdn_kernels) wrapped by the doc's adapter modules,
 every property run on each (no false alarm), each fixture's planted bug
 failing with a counterexample that replays (and holds once fixed), and the
@@ -21,7 +21,7 @@ from .test_kernel_author import INSTALL, ROOT, Author, doc_commands, installed_a
 
 pytestmark = long_running        # whole suite runs in subprocesses
 DOC = "docs/verify-your-kernel.md"
-FIXTURES = os.path.join(ROOT, "verification", "convention_fixtures")
+FIXTURES = os.path.join(ROOT, "verification", "fixture_kernels", "convention_fixtures")
 KERNELS = ("head_first", "varlen", "norm_inside")       # fixture module = kernel file name
 
 
@@ -38,7 +38,7 @@ def doc_files():
 
 
 def planted_bug(kernel: str):
-    return importlib.import_module(f"verification.convention_fixtures.{kernel}").PLANTED_BUG
+    return importlib.import_module(f"verification.fixture_kernels.convention_fixtures.{kernel}").PLANTED_BUG
 
 
 def _plant(path, bug) -> str:

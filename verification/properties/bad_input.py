@@ -159,7 +159,7 @@ def _state_violations(target, case: MixerCase, m, kw) -> Dict[Violation, Callabl
 
 
 @prop("bad_input_raises_named_error", family="bad_input", strategy=mixer_cases(near_zero=False),
-      weight=4, wrong_target="verification.wrong_targets.unvalidated", needs=("validates_input",),
+      weight=4, wrong_target="verification.fixture_kernels.wrong_targets.unvalidated", needs=("validates_input",),
       covers={"Hk=2": lambda c: c.k_heads == 2, "dk=8": lambda c: c.dk == 8},
       on_sharded_target=True)
 def bad_input_raises_named_error(target, case: MixerCase):

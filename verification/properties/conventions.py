@@ -32,7 +32,7 @@ BF16_ACTIVATIONS_F32_STATE = DeltaRuleCase(
 
 @prop("conventions_match_contract", family="conventions",
       strategy=st.one_of(delta_rule_cases(), mixer_cases()), weight=0.5,
-      wrong_target="verification.wrong_targets.gradients_in_q_dtype",
+      wrong_target="verification.fixture_kernels.wrong_targets.gradients_in_q_dtype",
       examples=(BF16_ACTIVATIONS_F32_STATE,),
       covers={"core op": lambda c: isinstance(c, DeltaRuleCase),
               "mixer": lambda c: not isinstance(c, DeltaRuleCase),

@@ -171,7 +171,7 @@ def gva_equals_explicit_repeat(target, case: DeltaRuleCase):
 
 
 @prop("determinism", family="metamorphic", strategy=mixer_cases(), weight=0.5,
-      wrong_target="verification.wrong_targets.nondeterministic",
+      wrong_target="verification.fixture_kernels.wrong_targets.nondeterministic",
       covers={"bfloat16": lambda c: c.dtype == "bfloat16"})
 def determinism(target, case: MixerCase):
     """Two runs of gdn_decoupled_conv1d (output and every cotangent) are

@@ -233,7 +233,7 @@ def decode_drift(target, case: MixerCase):
 
 @prop("decode_compiles_once", family="state",
       strategy=mixer_cases(where=_no_time_params, near_zero=False),
-      wrong_target="verification.wrong_targets.recompiling_decode", weight=0.1,
+      wrong_target="verification.fixture_kernels.wrong_targets.recompiling_decode", weight=0.1,
       needs=("carried_state",),
       covers={"bfloat16": lambda c: c.dtype == "bfloat16", "GVA": lambda c: c.group > 1})
 def decode_compiles_once(target, case: MixerCase):

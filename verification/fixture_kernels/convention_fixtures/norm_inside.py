@@ -18,7 +18,7 @@ from jax import lax
 
 # not lax.linalg.triangular_solve: jaxlib's batched CPU solve can deadlock
 # on a 2-core machine (see its docstring)
-from verification.foreign_targets.bf16_compute_chunked import solve_unit_lower
+from verification.fixture_kernels.foreign_targets.bf16_compute_chunked import solve_unit_lower
 
 QK_NORM_EPS = 1e-6
 

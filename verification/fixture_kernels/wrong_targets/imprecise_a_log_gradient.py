@@ -1,5 +1,5 @@
 """A known imprecision its author accepts by a declared tolerance: the float32
-scan of verification.foreign_targets.float32_only_scan with the mixer's
+scan of verification.fixture_kernels.foreign_targets.float32_only_scan with the mixer's
 a_log cotangent off by a relative 1e-3 (hundreds of times float32's bound
 for it, far inside 1e4 times), declared as KernelDeclaration.tolerance
 {"da_log": 1e4}. Every property holds, da_log listed "held at the declared

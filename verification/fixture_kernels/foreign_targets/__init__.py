@@ -2,7 +2,7 @@
 
 They exist to check the suite itself: a property must never fail a correct
 foreign target for its own numerical reasons. Run one with
-`--gdn-target verification.foreign_targets.float32_only_scan` (or
+`--gdn-target verification.fixture_kernels.foreign_targets.float32_only_scan` (or
 `...float32_compute_scan`).
 
 float32_only_scan     token scan in float32, plain autodiff; refuses float64.

@@ -1,5 +1,5 @@
 """Two planted bugs of different failure classes (tolerance.failure_class),
-on the float32 scan of verification.foreign_targets.float32_only_scan:
+on the float32 scan of verification.fixture_kernels.foreign_targets.float32_only_scan:
 
 - bfloat16 activations: the final state comes back rounded to bfloat16 (a
   state kept in bf16 at the boundary: a bf16-only final_state deviation);

@@ -6,7 +6,7 @@ hold)."""
 
 import dataclasses
 
-from verification.foreign_targets import bf16_compute_chunked as _chunked
+from verification.fixture_kernels.foreign_targets import bf16_compute_chunked as _chunked
 
 GDN_KERNEL = dataclasses.replace(
     _chunked.GDN_KERNEL,

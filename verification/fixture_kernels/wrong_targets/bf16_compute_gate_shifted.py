@@ -7,7 +7,7 @@ Its float32 path and its mixer are the correct kernel's."""
 import jax.numpy as jnp
 
 from verification.declaration import KernelDeclaration
-from verification.foreign_targets import bf16_compute_chunked as _chunked
+from verification.fixture_kernels.foreign_targets import bf16_compute_chunked as _chunked
 
 
 def gated_delta_rule(q, k, v, g, beta, **kwargs):

@@ -10,7 +10,7 @@ import functools
 import jax
 
 from verification import adapt
-from verification.foreign_targets.float32_compute_scan import gated_delta_rule as _scan
+from verification.fixture_kernels.foreign_targets.float32_compute_scan import gated_delta_rule as _scan
 
 
 def _delta_rule(q, k, v, g, beta, initial_state, scale):

@@ -5,7 +5,7 @@ deviation from the float32 state it declares."""
 
 import dataclasses
 
-from verification.foreign_targets import bf16_state_chunked as _bf16_state
+from verification.fixture_kernels.foreign_targets import bf16_state_chunked as _bf16_state
 
 GDN_KERNEL = dataclasses.replace(
     _bf16_state.GDN_KERNEL,

@@ -1,4 +1,4 @@
-"""verification.foreign_targets.whole_chunks_layer's kernel declared without
+"""verification.fixture_kernels.foreign_targets.whole_chunks_layer's kernel declared without
 its limits: the contract's shapes are drawn, and those it refuses raise."""
 
 from verification import KernelDeclaration, Supports
