@@ -80,12 +80,19 @@ def pytest_configure(config):
     spec = requested_target(config)
     if spec:
         from . import fixtures
-        config.pluginmanager.register(Suite(config, spec), "gdn_verify_suite")
+        run = SuiteRun(config, spec)
+        config.pluginmanager.register(run, fixtures.RUN_PLUGIN)
+        config.pluginmanager.register(Collection(run), "gdn_verify_collection")
+        config.pluginmanager.register(Recording(run), "gdn_verify_recording")
+        config.pluginmanager.register(Summary(run), "gdn_verify_summary")
         config.pluginmanager.register(fixtures, "gdn_verify_fixtures")
 
 
-class Suite:
-    """The active suite: its target, profile, options and the run's hooks."""
+class SuiteRun:
+    """The active suite's run: its target, profile, scope and options (set
+    up once, before any XLA computation), its per-property statistics
+    (harness.Session) and the counters the summary reads (clock, programs
+    built, compile-cache reads, seconds per test)."""
 
     def __init__(self, config, spec: str):
         from . import compile_cache, compile_settings
@@ -136,7 +143,6 @@ class Suite:
         config.addinivalue_line("markers", f"{LONG_MARKER}: a test of a minute or more "
                                            "(whole suite runs in subprocesses): run first")
 
-    # ------------------------------------------------------------ helpers
     @staticmethod
     def _hits() -> int:
         from . import runners
@@ -150,33 +156,45 @@ class Suite:
         from . import runners
         return runners.compile_count()
 
+    def total_compiles(self) -> int:
+        return self._compiles() - self.compiles0 + self.worker_compiles
+
     def profile_name(self) -> str:
         from hypothesis import settings
         from .profiles import selected_profile
         return settings.get_current_profile_name() or selected_profile()
 
-    # ------------------------------------------------------------ collection
+    def strict(self) -> bool:
+        return self.session.options.strict
+
+
+class Collection:
+    """What the run collects, and the header that says so: the properties
+    (or every test, scope all), --gdn-properties, a --gdn-shard's share,
+    long tests first."""
+
+    def __init__(self, run: SuiteRun):
+        self.run = run
+
     def pytest_report_header(self, config):
         from hypothesis import settings
-        s = settings()
-        return [f"gdn-verify: target={self.target.spec} profile={self.profile_name()} "
+        from .summary import factors_text, shape_budget_line
+        run, s = self.run, settings()
+        return [f"gdn-verify: target={run.target.spec} profile={run.profile_name()} "
                 f"max_examples={s.max_examples} derandomize={s.derandomize} "
-                f"scope={self.scope}" + (" strict" if self._strict() else ""),
-                f"gdn-verify: {self.compile_settings}",
-                f"gdn-verify: {self.compile_cache}",
-                f"gdn-verify: {_shape_budget_line()}"] + [
+                f"scope={run.scope}" + (" strict" if run.strict() else ""),
+                f"gdn-verify: {run.compile_settings}",
+                f"gdn-verify: {run.compile_cache}",
+                f"gdn-verify: {shape_budget_line()}"] + [
                     f"gdn-verify: adapter: {line}"
-                    for line in self.target.declaration.conventions] + (
+                    for line in run.target.declaration.conventions] + (
                     [f"gdn-verify: declared tolerance (x the policy's bound): "
-                     f"{_factors_text(self.target.declaration.tolerance)}"]
-                    if self.target.declaration.tolerance else [])
-
-    def _strict(self) -> bool:
-        return self.session.options.strict
+                     f"{factors_text(run.target.declaration.tolerance)}"]
+                    if run.target.declaration.tolerance else [])
 
     def pytest_collection_modifyitems(self, config, items):
         from . import harness, shards
-        if self.scope == "properties":
+        if self.run.scope == "properties":
             _keep(config, items, [i for i in items if i.get_closest_marker(harness.MARKER)])
         _select_properties(config, items)
         shard = config.getoption("--gdn-shard", default=None)
@@ -192,9 +210,18 @@ class Suite:
         # idle at the end
         items.sort(key=lambda item: item.get_closest_marker(LONG_MARKER) is None)
 
-    # ------------------------------------------------------------ running
+
+class Recording:
+    """What each test leaves: its property's statistics (carried from a
+    pytest-xdist worker in its report), a counterexample file per failure
+    class, a progress line, the seconds and compiles of the run, and the
+    JSON report (GDN_STATS_FILE)."""
+
+    def __init__(self, run: SuiteRun):
+        self.run = run
+
     def pytest_runtest_setup(self, item):
-        self.session.last_failure.clear()
+        self.run.session.last_failure.clear()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -205,32 +232,35 @@ class Suite:
             return
         if report.failed:
             self._write_counterexamples(report)
+        stats = self.run.session.stats
         mark = item.get_closest_marker(harness.MARKER)
-        if mark is not None and mark.args[0] in self.session.stats:
-            one = harness.stats_json({mark.args[0]: self.session.stats[mark.args[0]]})
+        if mark is not None and mark.args[0] in stats:
+            one = harness.stats_json({mark.args[0]: stats[mark.args[0]]})
             report.user_properties.append((STATS_KEY, json.dumps(one)))
 
     def _write_counterexamples(self, report) -> None:
         """One file per failure class of the test's properties: the last
         (shrunk) failing case of each; its path goes to the class's row."""
         from . import counterexamples
+        from .summary import shown_path
         from .tolerance import format_table
-        for (prop, klass), (case, target, rows) in list(self.session.last_failure.items()):
+        session = self.run.session
+        for (prop, klass), (case, target, rows) in list(session.last_failure.items()):
             table = format_table(rows) if rows else "(no error table: the check raised)"
-            path = counterexamples.write(prop, case, target.spec, self.profile_name(), rows,
-                                         table, failure_class=klass)
-            if prop in self.session.stats:      # a property's test, not a meta-test's hunt
-                self.session.stats[prop].add_failure(klass, 0.0, examples=0,
-                                                     file=_shown_path(path))
+            path = counterexamples.write(prop, case, target.spec, self.run.profile_name(),
+                                         rows, table, failure_class=klass)
+            if prop in session.stats:      # a property's test, not a meta-test's hunt
+                session.stats[prop].add_failure(klass, 0.0, examples=0, file=shown_path(path))
             report.sections.append((f"gdn-verify counterexample [{klass}]",
                                     f"shrunk case written to {path}\nreplay: "
                                     f"{counterexamples.replay_command(path)}\n{table}"))
-        self.session.last_failure.clear()
+        session.last_failure.clear()
 
     def pytest_runtest_logreport(self, report):
         from . import harness
-        self.test_seconds[report.nodeid] = (self.test_seconds.get(report.nodeid, 0.0)
-                                            + report.duration)
+        from .summary import progress_line
+        seconds = self.run.test_seconds
+        seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
         payload = dict(report.user_properties).get(STATS_KEY)
         if payload is None:
             return
@@ -238,7 +268,7 @@ class Suite:
         if getattr(report, "node", None) is not None:     # from a pytest-xdist worker
             harness.merge_stats_json(data)
         name, st = next(iter(data.items()))
-        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        terminal = self.run.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             if getattr(terminal, "_width_of_current_line", 0):   # after xdist's dots
                 terminal.write("\n")
@@ -248,35 +278,42 @@ class Suite:
     def pytest_testnodedown(self, node, error):
         """pytest-xdist controller: add a finished worker's XLA compiles."""
         output = getattr(node, "workeroutput", {})
-        self.worker_compiles += int(output.get("gdn_compiles", 0))
-        self.worker_hits += int(output.get("gdn_cache_hits", 0))
+        self.run.worker_compiles += int(output.get("gdn_compiles", 0))
+        self.run.worker_hits += int(output.get("gdn_cache_hits", 0))
 
     def pytest_sessionfinish(self, session, exitstatus):
         from . import harness
+        run = self.run
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:          # a pytest-xdist worker: report to the controller
-            workeroutput["gdn_compiles"] = str(self.total_compiles())
-            workeroutput["gdn_cache_hits"] = str(self.cache_hits())
+            workeroutput["gdn_compiles"] = str(run.total_compiles())
+            workeroutput["gdn_cache_hits"] = str(run.cache_hits())
             return
         path = os.environ.get("GDN_STATS_FILE")
         if path:
             with open(path, "w") as f:
-                json.dump({"exitstatus": int(exitstatus), "target": self.target.spec,
-                           "shard": self.config.getoption("--gdn-shard") or "1/1",
-                           "profile": self.profile_name(),
+                json.dump({"exitstatus": int(exitstatus), "target": run.target.spec,
+                           "shard": run.config.getoption("--gdn-shard") or "1/1",
+                           "profile": run.profile_name(),
                            "properties": harness.stats_json(),
-                           "compiles": self.total_compiles(),
-                           "cache_hits": self.cache_hits(),
-                           "test_seconds": self.test_seconds}, f)
+                           "compiles": run.total_compiles(),
+                           "cache_hits": run.cache_hits(),
+                           "test_seconds": run.test_seconds}, f)
 
-    def total_compiles(self) -> int:
-        return self._compiles() - self.compiles0 + self.worker_compiles
+
+class Summary:
+    """The summary section at the end of the terminal report
+    (verification/summary.py)."""
+
+    def __init__(self, run: SuiteRun):
+        self.run = run
 
     def pytest_terminal_summary(self, terminalreporter):
-        if not self.session.stats:
+        from .summary import summary_lines
+        if not self.run.session.stats:
             return
         terminalreporter.section("gdn-verify summary")
-        for line in summary_lines(self):
+        for line in summary_lines(self.run):
             terminalreporter.write_line(line)
 
 
@@ -317,234 +354,3 @@ def _select_properties(config, items):
     if missing:
         raise pytest.UsageError(f"--gdn-properties: no test collected for {sorted(missing)}")
     _keep(config, items, keep)
-
-
-def _shape_budget_line() -> str:
-    """The loaded profile's covering of the shape lattice: its compile budget."""
-    from strategies import lattice
-    kind = lattice.current_covering()
-    beyond = lattice.declared_beyond_contract()
-    mixer, delta = lattice.mixer_geometries(beyond), lattice.delta_geometries(beyond)
-    counts = [len(lattice.covering(rows, tuple(knobs), kind)) for rows, knobs in
-              ((mixer, lattice.MIXER_KNOBS), (delta, lattice.DELTA_KNOBS))]
-    return (f"shapes: the lattice's {kind} covering, {counts[0]} mixer and {counts[1]} "
-            f"delta-rule geometries (of {len(mixer)} and {len(delta)})"
-            + (f"; chunk sizes beyond the contract, declared: {list(beyond)}" if beyond else ""))
-
-
-# ---------------------------------------------------------------- the report
-def _worst_text(row) -> str:
-    """The worst row as the verdict judged it: relative and absolute error,
-    or the absolute error alone for a row judged by the near-zero floor."""
-    if not row.bound_rel and not row.bound_abs:
-        return "all exact/structural checks"
-    if row.near_zero:
-        measure = f"abs {row.max_abs:.2e} / {row.bound_abs:.1e} (near-zero)"
-    else:
-        measure = f"rel {row.rel_l2:.2e} / {row.bound_rel:.1e}"
-    return f"{row.name}: {measure}, ratio {row.ratio:.2f}"
-
-
-def _worst_row(st):
-    """The worst row of a property's statistics (PropertyStats or its JSON)."""
-    from .tolerance import TensorError
-    rows = ([TensorError(**r) for r in st["worst"]] if isinstance(st, dict)
-            else list(st.worst.values()))
-    return max(rows, key=lambda r: r.ratio, default=None)
-
-
-def progress_line(name: str, st: dict) -> str:
-    """One line per finished property: verdict, examples, worst ratio, time."""
-    worst = _worst_row(st)
-    ratio = f", worst ratio {worst.ratio:.2f} ({worst.name})" if worst and worst.bound_rel else ""
-    nc = f", {st['not_checkable']} not checkable" if st["not_checkable"] else ""
-    raised = f", {st['raised']} raised" if st.get("raised") else ""
-    checked = st["examples"] - st.get("unresolved", 0) - st.get("raised", 0)
-    return (f"{name}: {st['verdict'] or '?'}: {checked} example(s) checked{raised}{nc}{ratio} "
-            f"[{st['seconds']:.0f} s]")
-
-
-def summary_lines(suite: Suite):
-    from . import harness
-    from .shards import projection_line
-    lines = []
-    head = (f"{'property':<42}{'verdict':>14}{'examples':>9}{'n/c':>5}{'fail':>5}"
-            f"{'claims':>8}{'compiles':>9}{'ex/comp':>8}{'time s':>8}  worst tensor (error/bound)")
-    lines.append(head)
-    lines.append("-" * (len(head) + 10))
-    for name in sorted(suite.session.stats):
-        st = suite.session.stats[name]
-        worst = _worst_row(st)
-        w = _worst_text(worst) if worst else "-"
-        if st.reasons:
-            w += f"; not checkable: {harness.reasons_text(st)}"
-        label = suite.target.declaration.mixer_label
-        if label and st.mixer_examples:
-            w = f"[{label}] {w}"
-        if st.classes:
-            w += f"; counterexample {_class_file(st, st.worst_class)}"
-        per = f"{st.examples / st.compiles:.1f}" if st.compiles else "-"
-        met, unmet = claim_status(name, st)
-        lines.append(f"{name:<42}{st.verdict or '-':>14}{st.examples:>9}{st.not_checkable:>5}"
-                     f"{st.failures:>5}{f'{len(met)}/{len(met) + len(unmet)}':>8}"
-                     f"{st.compiles:>9}{per:>8}{st.seconds:>8.1f}  {w}")
-        lines += failure_class_lines(st)
-        if st.checked:      # a property not checkable at all says why in its row
-            lines += [f"    claim not met: {claim}: {why}" for claim, why in unmet.items()]
-    lines += deviation_lines(suite.target.declaration, suite.session.stats)
-    lines += tolerance_lines(suite.target.declaration, suite.session.stats)
-    lines.append(projection_line(list(suite.test_seconds.values()), "test-session"))
-    lines += verdict_lines(suite, suite.session.stats)
-    return lines
-
-
-def claim_status(name: str, st) -> tuple:
-    """(claims the property's checked examples met, {claim not met: why})
-    for the loaded profile's claims (verification/claims.py)."""
-    from strategies import lattice
-    from .claims import claims_of
-    from .properties import load_all
-    p = load_all().get(name)
-    if p is None:
-        return [], {}
-    claims = claims_of(p, lattice.current_covering())
-    met = sorted(c for c in claims if st.claims_met.get(c))
-    unmet = {c: st.claims_unmet.get(c, "no checked example met it") for c in claims
-             if c not in met}
-    unmet.update({c: why for c, why in st.claims_unmet.items() if c not in claims})
-    return met, unmet
-
-
-def _shown_path(path: str) -> str:
-    """path relative to the working directory when it lies below it."""
-    rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
-
-
-def _class_file(st, klass) -> str:
-    return st.classes[klass]["file"] or "(not written)"
-
-
-def failure_class_lines(st) -> list:
-    """One line per failure class of a property, the worst first: each is
-    its own finding, with its own counterexample file."""
-    order = sorted(st.classes, key=lambda k: -st.classes[k]["worst"])
-    return [f"    failure class {k}: {st.classes[k]['examples']} failing run(s), worst ratio "
-            f"{st.classes[k]['worst']:.3g}, counterexample {_class_file(st, k)}"
-            + (f"; {st.classes[k]['message']}" if st.classes[k].get("message") else "")
-            for k in order]
-
-
-def deviation_lines(declaration, stats) -> list:
-    """The tensors that held only at the target's declared compute precision,
-    one row per tensor over every property: how far beyond the contract's
-    float32 bound they went, in how many examples, and where."""
-    from .tolerance import PRECISIONS
-    tensors = _beyond_table(stats, "deviations")
-    if not tensors:
-        return []
-    declared = PRECISIONS[declaration.supports.compute_precision]
-    lines = ["", f"deviates from the contract's float32 state and accumulation, within the "
-                 f"declared compute precision {declared.name!r} ({declared.model}):",
-             f"    {'tensor':<16}{'x contract bound':>18}{'examples':>10}  properties"]
-    for tensor in sorted(tensors, key=lambda t: -tensors[t]["worst"]):
-        row = tensors[tensor]
-        lines.append(f"    {tensor:<16}{row['worst']:>18.3g}{row['examples']:>10}  "
-                     f"{', '.join(sorted(row['properties']))}")
-    return lines
-
-
-def _factors_text(factors) -> str:
-    return ", ".join(f"{tensor} x{factor:g}" for tensor, factor in sorted(factors.items()))
-
-
-def _beyond_table(stats, field: str) -> dict:
-    """tensor -> {"examples", "worst", "properties"} over every property's
-    `field` table (deviations, tolerated)."""
-    tensors = {}
-    for name, st in stats.items():
-        for tensor, d in getattr(st, field).items():
-            row = tensors.setdefault(tensor, {"examples": 0, "worst": 0.0, "properties": []})
-            row["examples"] += d["examples"]
-            row["worst"] = max(row["worst"], d["worst"])
-            row["properties"].append(name)
-    return tensors
-
-
-def tolerance_lines(declaration, stats) -> list:
-    """The tensors that held only at the author's declared tolerance, one
-    row per tensor over every property (its factor, how far beyond the
-    policy's bound it went, in how many examples, where), and the declared
-    tensors no row needed (a misspelt name shows here)."""
-    factors = dict(declaration.tolerance)
-    if not factors:
-        return []
-    tensors = _beyond_table(stats, "tolerated")
-    lines = ["", f"held at the declared tolerance (the author's factor over the policy's "
-                 f"bound; declared: {_factors_text(factors)}):"]
-    if tensors:
-        lines.append(f"    {'tensor':<16}{'factor':>8}{'x policy bound':>16}{'examples':>10}"
-                     f"  properties")
-    for tensor in sorted(tensors, key=lambda t: -tensors[t]["worst"]):
-        row = tensors[tensor]
-        lines.append(f"    {tensor:<16}{factors.get(tensor, 0):>8g}{row['worst']:>16.3g}"
-                     f"{row['examples']:>10}  {', '.join(sorted(row['properties']))}")
-    unused = sorted(set(factors) - set(tensors))
-    if unused:
-        lines.append(f"    declared, never needed in this run: {', '.join(unused)}")
-    return lines
-
-
-def deviating_tensors(stats) -> list:
-    """The tensors with a deviation row in any property, sorted."""
-    return sorted({t for st in stats.values() for t in st.deviations})
-
-
-def verdict_lines(suite: Suite, stats) -> list:
-    """The summary's last lines: what was verified, on what, said plainly."""
-    from . import harness
-    from .tolerance import CONTRACT_PRECISION
-    by = {}
-    for name, st in stats.items():
-        by.setdefault(st.verdict or "-", []).append(name)
-    examples = sum(st.checked for st in stats.values())
-    raised = sum(st.raised for st in stats.values())
-    compiles = suite.total_compiles()
-    lines = [f"target {suite.target.spec} (profile {suite.profile_name()}, scope "
-             f"{suite.scope}): {len(stats)} properties, {examples} examples checked, "
-             + (f"{raised} raised (not checked), " if raised else "")
-             + f"{compiles} programs built ({suite.cache_hits()} read from the compile cache)"
-             + (f", {examples / compiles:.2f} examples per program" if compiles else "")
-             + f", {time.perf_counter() - suite.start:.0f} s"]
-    lines += [f"  adapter: {line}" for line in suite.target.declaration.conventions]
-    held = by.get(harness.HELD, [])
-    precision = suite.target.declaration.supports.compute_precision
-    lines.append(f"  held on the target: {len(held)} properties"
-                 + (f" (bfloat16 cases within its declared compute precision {precision!r})"
-                    if precision != CONTRACT_PRECISION else ""))
-    tolerated = _beyond_table(stats, "tolerated")
-    if tolerated:
-        lines.append("  held at the declared tolerance (not within the policy's bound): "
-                     + ", ".join(f"{t} x{suite.target.declaration.tolerance.get(t, 0):g} "
-                                 f"(worst {tolerated[t]['worst']:.3g}x the policy's bound)"
-                                 for t in sorted(tolerated)))
-    deviating = deviating_tensors(stats)
-    if deviating:
-        lines.append(f"  deviates from the contract's float32 (not failures): "
-                     f"{', '.join(deviating)}")
-    status = [claim_status(name, st) for name, st in stats.items() if st.checked]
-    met = sum(len(m) for m, _ in status)
-    unmet = sum(len(u) for _, u in status)
-    lines.append(f"  coverage claims met by the checked examples: {met} of {met + unmet}"
-                 + (f" ({unmet} not met: listed under their properties)" if unmet else ""))
-    nc = by.get(harness.NOT_CHECKABLE, [])
-    partly = sum(st.not_checkable for n, st in stats.items() if n not in nc)
-    lines.append(f"  not checkable: {len(nc)} properties"
-                 + (f" ({', '.join(sorted(nc))})" if nc else "")
-                 + (f"; {partly} further example(s) not checkable" if partly else ""))
-    for verdict in (harness.XFAIL, harness.XPASS, harness.FAILED):
-        names = by.get(verdict, [])
-        if names or verdict == harness.FAILED:
-            lines.append(f"  {verdict}: {len(names)}" + (f" ({', '.join(sorted(names))})"
-                                                        if names else ""))
-    return lines

@@ -13,7 +13,7 @@ import pytest
 
 from strategies.explicit import delta_case, mixer_case
 
-from . import harness, plugin
+from . import harness, summary
 from .declaration import KernelDeclaration, Supports
 from .properties import load_all
 from .registry import PROPERTIES
@@ -146,8 +146,8 @@ def test_the_summary_lists_each_deviating_tensor_once():
     stats["a"].add_deviation("final_state", 900.0)
     stats["b"].add_deviation("final_state", 1200.0, examples=2)
     stats["b"].add_deviation("da_log", 50.0)
-    lines = plugin.deviation_lines(Target.parse(BF16_COMPUTE).declaration, stats)
+    lines = summary.deviation_lines(Target.parse(BF16_COMPUTE).declaration, stats)
     rows = [line.split() for line in lines[3:]]
     assert [r[0] for r in rows] == ["final_state", "da_log"]
     assert rows[0][1:4] == ["1.2e+03", "3", "a,"]
-    assert plugin.deviating_tensors(stats) == ["da_log", "final_state"]
+    assert summary.deviating_tensors(stats) == ["da_log", "final_state"]

@@ -208,7 +208,7 @@ def test_two_failure_classes_in_two_pinned_examples_are_both_reported():
     strong decay after token 16): both run, whatever the first found; each
     failure is recorded with its class and its case; the summary lists both."""
     from strategies.explicit import delta_case
-    from .plugin import failure_class_lines
+    from .summary import failure_class_lines
     prop = "delta_rule_gradient_parity"
     cases = (delta_case("plain", 1, 33, 16, seed=3, gate_regime="strong_decay"),
              delta_case("plain", 1, 33, 16, seed=4, dtype="bfloat16"))
