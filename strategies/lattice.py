@@ -65,7 +65,7 @@ def boundary_lengths(chunk: int) -> tuple:
 
 
 # Lengths drawn only for a target whose declared limits take whole chunks
-# alone (verification.declaration.Limits.seq_multiple_of_chunk): with "C", the lengths of the
+# alone (verification.targets.declaration.Limits.seq_multiple_of_chunk): with "C", the lengths of the
 # lattice's rows there (several chunks: a state handed on between chunks).
 MULTIPLE_LENGTH_KINDS = ("2C", "3C")
 
@@ -258,7 +258,7 @@ def declared_beyond_contract() -> Tuple[int, ...]:
     return _DECLARED["beyond_contract"]
 
 
-# The shape limits the session's target declares (verification.declaration.
+# The shape limits the session's target declares (verification.targets.declaration.
 # Limits: seq_multiple_of_chunk, batch_sizes, param_ranks and refuses(T, C,
 # B, parameter shapes) are read), or None: the lattice is built inside them.
 _DECLARED["limits"] = None

@@ -7,7 +7,7 @@ conventions is wrapped by `adapt` (and `mixer_from_core`); see
 docs/verify-your-kernel.md.
 """
 
-from .declaration import KernelDeclaration, Limits, Supports
+from .targets.declaration import KernelDeclaration, Limits, Supports
 
 __all__ = ["KernelDeclaration", "Limits", "Supports", "adapt", "mixer_from_core"]
 
@@ -16,6 +16,6 @@ def __getattr__(name):
     # the adapters import jax: only when asked for (the pytest plugin
     # imports this package in every pytest run, target or not)
     if name in ("adapt", "mixer_from_core"):
-        from . import adapters
+        from .targets import adapters
         return getattr(adapters, name)
     raise AttributeError(f"module 'verification' has no attribute {name!r}")

@@ -25,7 +25,7 @@ from typing import Dict, List
 from strategies.cases import case_from_json, case_to_json
 
 from . import runners
-from .declaration import OutsideLimits, precision_of
+from .targets.declaration import OutsideLimits, precision_of
 from .registry import conclude, not_checkable_row
 from .tolerance import TensorError, at_declared_tolerance, declared_precision
 

@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from hypothesis import strategies as st
 from hypothesis import target as hypothesis_target
 
-from .declaration import case_needs, check_needs
+from .targets.declaration import case_needs, check_needs
 from .tolerance import NOT_CHECKABLE, TensorError, format_table, worst
 
 FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "state", "sharding",
@@ -103,7 +103,7 @@ class Property:
     on_sharded_target: part of the declared subset `.ci/run` runs against
                   a sharded target (SHARDED_SUBSET)
     needs:        what the property asks of every target beyond what each
-                  case asks (verification/declaration.py NEEDS keys, or
+                  case asks (verification/targets/declaration.py NEEDS keys, or
                   "chunk_size:<n>"); unmet: the property is not checkable
     case_needs:   case -> what that case asks of the target (default: its
                   op, dtype, chunk size, GVA, packing, initial state)

@@ -19,7 +19,7 @@ from gdn_kernels.interpret import resolved_mode
 from strategies import cotangent, delta_rule_inputs, mixer_inputs, segment_ids_of
 from strategies.cases import DeltaRuleCase, MixerCase
 
-from .declaration import OutsideLimits
+from .targets.declaration import OutsideLimits
 from .targets import Target
 from .tolerance import CONTRACT_PRECISION, PRECISIONS
 
@@ -360,7 +360,7 @@ def target_vjp_shapes(target: Target, case, inputs=None):
     """The target's outputs and input cotangents on a case as
     jax.ShapeDtypeStruct (outputs tuple, grads dict), by tracing the VJP
     program afresh (compiling and running nothing), so trace-time records
-    (verification.adapters.recording_deviations) see every call."""
+    (verification.targets.adapters.recording_deviations) see every call."""
     within_limits(target, case)
     inputs = case_inputs(case) if inputs is None else inputs
     names = tuple(inputs)

@@ -1,4 +1,4 @@
-"""The adapters (verification/adapters.py, verification/varlen.py) convert
+"""The adapters (verification/targets/adapters.py, verification/targets/varlen.py) convert
 and nothing else: a kernel written in each convention by converting the
 oracle's inputs the other way round, once adapted, equals the oracle
 (forward and every cotangent, packed rows included); the packed-row
@@ -17,9 +17,9 @@ import pytest
 from gdn_kernels import GDNState
 from gdn_kernels.reference import reference_mixer, token_scan
 from verification import adapt, mixer_from_core
-from verification import varlen
-from verification.adapters import Conventions, recording_deviations
-from verification.declaration import case_needs, unmet
+from verification.targets import varlen
+from verification.targets.adapters import Conventions, recording_deviations
+from verification.targets.declaration import case_needs, unmet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RNG = np.random.default_rng(0)

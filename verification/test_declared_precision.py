@@ -14,7 +14,7 @@ import pytest
 from strategies.explicit import delta_case, mixer_case
 
 from . import harness, summary
-from .declaration import KernelDeclaration, Supports
+from .targets.declaration import KernelDeclaration, Supports
 from .properties import load_all
 from .registry import PROPERTIES
 from .targets import Target

@@ -24,7 +24,7 @@ from verification import KernelDeclaration, Supports
 from verification.fixture_kernels.foreign_targets import float32_only_scan as scan
 
 from . import harness
-from .declaration import declaration_of, unmet
+from .targets.declaration import declaration_of, unmet
 from .registry import PROPERTIES, is_not_checkable
 from .properties import load_all
 from .targets import Target, TargetError
@@ -236,7 +236,7 @@ def test_the_plugin_is_inert_without_a_target(tmp_path):
 
 def test_what_declares_nothing_optional_lists_its_needs():
     """Every need a property declares is one a declaration can lack."""
-    from .declaration import NEEDS
+    from .targets.declaration import NEEDS
     for prop in PROPERTIES.values():
         for need in prop.needs:
             assert need in NEEDS or need.startswith("chunk_size:"), (prop.id, need)

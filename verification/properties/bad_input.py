@@ -15,7 +15,7 @@ from strategies import mixer_cases
 from strategies.cases import MixerCase
 from strategies.inputs import mixer_inputs
 
-from ..declaration import CONTRACT_CHUNK_SIZES
+from ..targets.declaration import CONTRACT_CHUNK_SIZES
 from ..registry import prop
 from ..runners import mixer_static
 from ..tolerance import structural_row

@@ -2,7 +2,7 @@
 produces them: o in v's (x's) dtype, a float32 final state, and every
 cotangent in its primal's shape and dtype (docs/contract.md sections 1-3).
 
-For a target wrapped by an adapter (verification.adapters.adapt), the
+For a target wrapped by an adapter (verification.targets.adapters.adapt), the
 kernel's own dtypes: where the adapter had to cast an output, a final state
 or a cotangent, that is a convention deviation, one failing row per tensor
 ("dg dtype", "final_state dtype"), which passes only when the author lists
@@ -18,7 +18,7 @@ from strategies import delta_rule_cases, mixer_cases
 from strategies.cases import DeltaRuleCase
 
 from .. import runners
-from ..adapters import recording_deviations
+from ..targets.adapters import recording_deviations
 from ..registry import prop
 from ..tolerance import structural_row
 from .common import shape_dtype_row

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from gdn_kernels import GDNState, validation
-from verification.declaration import KernelDeclaration, Supports
+from verification.targets.declaration import KernelDeclaration, Supports
 
 from .float32_only_scan import causal_conv_silu, gates, split_heads
 

@@ -7,7 +7,7 @@ float32 state is listed as deviation rows."""
 
 import functools
 
-from verification.declaration import KernelDeclaration, Supports
+from verification.targets.declaration import KernelDeclaration, Supports
 
 from . import bf16_compute_chunked as _chunked
 

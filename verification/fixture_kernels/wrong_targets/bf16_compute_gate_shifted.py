@@ -6,7 +6,7 @@ Its float32 path and its mixer are the correct kernel's."""
 
 import jax.numpy as jnp
 
-from verification.declaration import KernelDeclaration
+from verification.targets.declaration import KernelDeclaration
 from verification.fixture_kernels.foreign_targets import bf16_compute_chunked as _chunked
 
 

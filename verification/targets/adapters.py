@@ -351,7 +351,7 @@ def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES, **conventions) -> KernelD
 
     gated_delta_rule.__name__ = f"adapted_{getattr(kernel, '__name__', 'kernel')}"
     gated_delta_rule.__doc__ = (f"{gated_delta_rule.__name__}: the contract's gated_delta_rule "
-                                f"over {kernel!r} (verification.adapters.adapt).")
+                                f"over {kernel!r} (verification.targets.adapters.adapt).")
     return KernelDeclaration(gated_delta_rule=_compiled_once(gated_delta_rule,
                                                              ("scale", "chunk_size")),
                              supports=conv.supports(dtypes), conventions=conv.applied())

@@ -27,7 +27,7 @@ import dataclasses
 import math
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
-from .tolerance import CONTRACT_PRECISION, PRECISIONS
+from ..tolerance import CONTRACT_PRECISION, PRECISIONS
 
 # The module attribute a target exports its declaration under.
 DECLARATION_ATTR = "GDN_KERNEL"
@@ -178,7 +178,7 @@ class KernelDeclaration:
     l2norm_forward:        l2norm_forward(x, eps) -> y, the target's QK L2 norm
     l2norm_backward:       l2norm_backward(x, dy, eps) -> dx, its VJP
     supports:              what the functions accept (Supports)
-    conventions:           what an adapter (verification.adapters) did to
+    conventions:           what an adapter (verification.targets.adapters) did to
                            reach the contract's signature, one line each
     mixer_label:           what the mixer is, when it is not the author's own
                            (e.g. "reference layer + your core"): shown on the

@@ -1,6 +1,14 @@
-"""The implementation under test: MODULE[:IMPL][@AXIS=N,...].
+"""The targets: what is verified and how it is called.
 
-MODULE exports a KernelDeclaration (verification/declaration.py) or defines
+    declaration.py   KernelDeclaration, Supports, Limits: what a target
+                     implements, accepts and takes
+    adapters.py      verification.adapt / mixer_from_core: a kernel in other
+                     conventions wrapped to the contract
+    varlen.py        the cu_seqlens convention (contract rows <-> packed tokens)
+    (here)           Target: the implementation under test, parsed from
+                     MODULE[:IMPL][@AXIS=N,...]
+
+MODULE exports a KernelDeclaration (verification/targets/declaration.py) or defines
 the contract's functions (at least one of gated_delta_rule and
 gdn_decoupled_conv1d: a layer-only target). With ":IMPL" the
 suite passes impl=IMPL; without it, nothing (the module's own default). With
@@ -131,7 +139,7 @@ class Target:
     @property
     def is_ours(self) -> bool:
         """This repository's kernels, or a seeded-bug mutant of them."""
-        from .mutants import PREFIX
+        from ..mutants import PREFIX
         return self.module_name in OUR_MODULES or self.module_name.startswith(PREFIX)
 
     def check(self) -> None:
@@ -192,7 +200,7 @@ def sharded_ops(target: "Target", axes, batch_axis, head_axis):
 
 def _import(module_name: str):
     """The target's module (a seeded-bug mutant is materialised first)."""
-    from .mutants import ensure_importable
+    from ..mutants import ensure_importable
     ensure_importable(module_name)
     return importlib.import_module(module_name)
 

@@ -3,7 +3,7 @@
 continues over a padding run, each row's first document continues the
 incoming state).
 
-Contract -> kernel (what `verification.adapters.adapt(varlen=...)` uses):
+Contract -> kernel (what `verification.targets.adapters.adapt(varlen=...)` uses):
 padding becomes identity steps (the adapter sets g = 0, beta = 0 there and
 drops the kernel's output), so a row of B*T tokens maps onto kernel
 sequences whose boundaries are the rows' starts and the documents' starts:
