@@ -34,7 +34,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import accuracy, decode, packed, report, throughput, timing, workloads
+from benchmarks import accuracy, decode, packed, report, throughput, timing, workloads
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -22,8 +22,8 @@ import numpy as np
 
 from verification.tolerance import errors
 
-from . import workloads
-from .workloads import Size
+from benchmarks import workloads
+from benchmarks.workloads import Size
 
 STRONG_G = 30.0
 A_LOW, A_HIGH = 20.0, 60.0

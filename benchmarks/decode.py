@@ -26,7 +26,7 @@ the median of the per-round ratios and the ratio of the minima.
 Before the timing, each of ours runs `count_steps` steps once (untimed; the
 plain step `steps` steps) while
 jax.monitoring counts XLA backend compiles and jaxpr traces (the events
-verification/runners.py counts): one compiled program must serve the whole
+verification/engine/runners.py counts): one compiled program must serve the whole
 loop (contract section 7), so every compile must fall on the first step.
 After the timing, one more untimed loop per entry gives the outputs: ours
 against plain (relative L2 distance over the `steps` outputs and the final
@@ -61,8 +61,8 @@ from gdn_kernels.backends import CHUNKED
 import gdn_kernels
 from gdn_kernels.l2norm import DEFAULT_EPS
 
-from . import timing, workloads
-from .workloads import Size
+from benchmarks import timing, workloads
+from benchmarks.workloads import Size
 
 TARGET = 1.2                 # xla / plain per-token decode time, every B
 DECODE_IMPLS = CHUNKED      # the chunked impls (gdn_kernels.backends)

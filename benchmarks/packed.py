@@ -36,8 +36,8 @@ import numpy as np
 
 from gdn_kernels.backends import CHUNKED
 
-from . import timing, workloads
-from .workloads import Size
+from benchmarks import timing, workloads
+from benchmarks.workloads import Size
 
 IMPLS = CHUNKED      # the chunked impls (gdn_kernels.backends)
 VARIANTS = ("unpacked", "packed")

@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import timing, workloads
-from .packed import layout_summary
+from benchmarks import timing, workloads
+from benchmarks.packed import layout_summary
 
 IMPLS = ("xla", "pallas")
 SECTIONS = ("ops", "trace")

@@ -8,8 +8,8 @@ import json
 import math
 from typing import Dict, List, Optional
 
-from . import accuracy
-from .workloads import ACCEPTANCE_SIZE, Size
+from benchmarks import accuracy
+from benchmarks.workloads import ACCEPTANCE_SIZE, Size
 
 MiB = float(1 << 20)
 

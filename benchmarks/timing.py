@@ -31,8 +31,8 @@ import jax
 
 from verification.tolerance import errors
 
-from . import workloads
-from .workloads import Size
+from benchmarks import workloads
+from benchmarks.workloads import Size
 
 GiB = 1 << 30
 

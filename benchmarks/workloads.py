@@ -46,7 +46,7 @@ from gdn_kernels.backends import BACKENDS
 from gdn_kernels.l2norm import DEFAULT_EPS
 from strategies import shapes
 
-from .plain_chunked import chunked_gated_delta_rule
+from benchmarks.plain_chunked import chunked_gated_delta_rule
 
 OPS = ("delta_rule", "mixer")
 # the public API's impls (gdn_kernels.backends.BACKENDS) and two baselines

@@ -168,7 +168,7 @@ def values_covering(rows: Sequence[Tuple], names: Sequence[str]) -> List[Tuple]:
 
 
 # The covering each Hypothesis profile draws its geometries from (the
-# profiles are verification/profiles.py's); any other profile: "pairs".
+# profiles are verification/engine/profiles.py's); any other profile: "pairs".
 COVERINGS = ("values", "pairs")
 PROFILE_COVERING = {"dev": "values", "ci": "pairs", "kill": "pairs", "nightly": "pairs",
                     "repro": "pairs"}

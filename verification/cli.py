@@ -131,11 +131,11 @@ def list_command() -> int:
 def _restore_environment(record: dict) -> List[str]:
     """Set the recorded interpret mode and environment in this process;
     the warnings of what could not be restored."""
-    from . import counterexamples
+    from .engine import counterexamples
     warnings = []
     env = record.get("environment")
     if env is None:
-        from . import compile_settings
+        from .engine import compile_settings
         compile_settings.apply()
         return [f"{record['path']}: no recorded environment (written by an older "
                 f"gdn-verify): replaying under this process's settings"]
@@ -170,14 +170,14 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
     file's impl and mesh (the mutation run's baseline replays each killing
     example on gdn_kernels)."""
     import dataclasses
-    from . import counterexamples
+    from .engine import counterexamples
     record = counterexamples.load(path)
     record["path"] = path
     for warning in _restore_environment(record):
         print(f"gdn-verify replay: warning: {warning}", file=sys.stderr)
-    from . import mesh_worker
+    from .engine import mesh_worker
     from .properties import load_all
-    from .registry import PropertyFailure
+    from .engine.registry import PropertyFailure
     from .targets import Target, TargetError
     from .tolerance import failure_class, format_table, raised_class
     spec = target or record["target"]
@@ -244,7 +244,7 @@ def replay_all(paths: List[str], target: Optional[str], module: Optional[str] = 
 
 def merge_reports(files: List[str], report_dir: str) -> int:
     """Write merged-report.json / .md; 0 when every shard passed."""
-    from .reports import markdown, merge
+    from .engine.reports import markdown, merge
     report = merge(files)
     text = markdown(report)
     os.makedirs(report_dir, exist_ok=True)
@@ -260,7 +260,7 @@ def merge_reports(files: List[str], report_dir: str) -> int:
 def _shared_options(parser, suppress: bool) -> None:
     """The shared options; suppress: leave them out of the namespace unless
     given (a subcommand's parser must not overwrite the main parser's)."""
-    from .profiles import PROFILES
+    from .engine.profiles import PROFILES
     default = argparse.SUPPRESS if suppress else None
     parser.add_argument("--target", default=default, metavar="MODULE[:IMPL]",
                         help="the kernel module to verify (default gdn_kernels:pallas)")
@@ -364,15 +364,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return merge_reports(args["files"], args.get("report_dir") or ".")
     # the suite's compile settings, for the processes `run` and `mutants`
     # start (a replay restores the ones its file records)
-    from . import compile_settings
+    from .engine import compile_settings
     if command == "replay":
         return replay_all(args["files"], args.get("target"), args.get("module"))
     compile_settings.apply()
     if command == "mutants":
-        from . import compile_cache
+        from .engine import compile_cache
         compile_cache.configure(not args.get("no_compile_cache"))
         from .mutants.runner import main as mutants_main
-        from .shards import parse_shard
+        from .engine.shards import parse_shard
         shard = parse_shard(args["shard"]) if args.get("shard") else None
         return mutants_main(args.get("only"), args.get("report_dir") or ".",
                             args.get("examples"), args.get("jobs") or default_jobs(),

@@ -95,7 +95,7 @@ class SuiteRun:
     built, compile-cache reads, seconds per test)."""
 
     def __init__(self, config, spec: str):
-        from . import compile_cache, compile_settings
+        from .engine import compile_cache, compile_settings
         # before this process's first XLA computation (see compile_settings)
         self.compile_settings = compile_settings.apply()
         self.compile_cache = compile_cache.configure(
@@ -111,8 +111,8 @@ class SuiteRun:
         lattice.declare_beyond_contract(self.target.declaration.supports.chunk_sizes)
         limits = self.target.declaration.limits
         lattice.declare_limits(limits if limits.declared else None)
-        from . import harness
-        from .profiles import register_profiles, selected_profile
+        from .engine import harness
+        from .engine.profiles import register_profiles, selected_profile
         from hypothesis import settings
         examples = config.getoption("--gdn-examples") or int(
             os.environ.get(EXAMPLES_ENV, "0") or 0)
@@ -124,7 +124,7 @@ class SuiteRun:
         options = harness.RunOptions(strict=bool(config.getoption("--gdn-strict")))
         known = config.getoption("--gdn-known-failures")
         if known:
-            from . import known_failures
+            from .engine import known_failures
             from .properties import load_all
             try:
                 options.known = known_failures.load(known, load_all())
@@ -139,13 +139,13 @@ class SuiteRun:
         self.hits0 = self._hits()
         self.test_seconds: dict = {}
         config.addinivalue_line("markers", f"{harness.MARKER}(id): the test of registered "
-                                           "property <id> (verification/registry.py)")
+                                           "property <id> (verification/engine/registry.py)")
         config.addinivalue_line("markers", f"{LONG_MARKER}: a test of a minute or more "
                                            "(whole suite runs in subprocesses): run first")
 
     @staticmethod
     def _hits() -> int:
-        from . import runners
+        from .engine import runners
         return runners.cache_hit_count()
 
     def cache_hits(self) -> int:
@@ -153,7 +153,7 @@ class SuiteRun:
 
     @staticmethod
     def _compiles() -> int:
-        from . import runners
+        from .engine import runners
         return runners.compile_count()
 
     def total_compiles(self) -> int:
@@ -161,7 +161,7 @@ class SuiteRun:
 
     def profile_name(self) -> str:
         from hypothesis import settings
-        from .profiles import selected_profile
+        from .engine.profiles import selected_profile
         return settings.get_current_profile_name() or selected_profile()
 
     def strict(self) -> bool:
@@ -193,7 +193,7 @@ class Collection:
                     if run.target.declaration.tolerance else [])
 
     def pytest_collection_modifyitems(self, config, items):
-        from . import harness, shards
+        from .engine import harness, shards
         if self.run.scope == "properties":
             _keep(config, items, [i for i in items if i.get_closest_marker(harness.MARKER)])
         _select_properties(config, items)
@@ -225,7 +225,7 @@ class Recording:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
-        from . import harness
+        from .engine import harness
         outcome = yield
         report = outcome.get_result()
         if report.when != "call":
@@ -241,7 +241,7 @@ class Recording:
     def _write_counterexamples(self, report) -> None:
         """One file per failure class of the test's properties: the last
         (shrunk) failing case of each; its path goes to the class's row."""
-        from . import counterexamples
+        from .engine import counterexamples
         from .summary import shown_path
         from .tolerance import format_table
         session = self.run.session
@@ -257,7 +257,7 @@ class Recording:
         session.last_failure.clear()
 
     def pytest_runtest_logreport(self, report):
-        from . import harness
+        from .engine import harness
         from .summary import progress_line
         seconds = self.run.test_seconds
         seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
@@ -282,7 +282,7 @@ class Recording:
         self.run.worker_hits += int(output.get("gdn_cache_hits", 0))
 
     def pytest_sessionfinish(self, session, exitstatus):
-        from . import harness
+        from .engine import harness
         run = self.run
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:          # a pytest-xdist worker: report to the controller
@@ -328,7 +328,7 @@ def _keep(config, items, keep):
 
 def selected_ids(option: str):
     """The property ids of a --gdn-properties value (UsageError if unknown)."""
-    from . import registry
+    from .engine import registry
     from .properties import load_all
     ids = [i.strip() for i in option.split(",") if i.strip()]
     every = load_all()
@@ -343,7 +343,7 @@ def selected_ids(option: str):
 
 
 def _select_properties(config, items):
-    from . import harness
+    from .engine import harness
     option = config.getoption("--gdn-properties", default=None)
     if not option:
         return

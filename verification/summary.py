@@ -58,8 +58,8 @@ def progress_line(name: str, st: dict) -> str:
 
 
 def summary_lines(suite) -> list:
-    from . import harness
-    from .shards import projection_line
+    from .engine import harness
+    from .engine.shards import projection_line
     lines = []
     head = (f"{'property':<42}{'verdict':>14}{'examples':>9}{'n/c':>5}{'fail':>5}"
             f"{'claims':>8}{'compiles':>9}{'ex/comp':>8}{'time s':>8}  worst tensor (error/bound)")
@@ -93,9 +93,9 @@ def summary_lines(suite) -> list:
 
 def claim_status(name: str, st) -> tuple:
     """(claims the property's checked examples met, {claim not met: why})
-    for the loaded profile's claims (verification/claims.py)."""
+    for the loaded profile's claims (verification/engine/claims.py)."""
     from strategies import lattice
-    from .claims import claims_of
+    from .engine.claims import claims_of
     from .properties import load_all
     p = load_all().get(name)
     if p is None:
@@ -195,7 +195,7 @@ def deviating_tensors(stats) -> list:
 
 def verdict_lines(suite, stats) -> list:
     """The summary's last lines: what was verified, on what, said plainly."""
-    from . import harness
+    from .engine import harness
     from .tolerance import CONTRACT_PRECISION
     by = {}
     for name, st in stats.items():

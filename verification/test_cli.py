@@ -10,10 +10,10 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from . import counterexamples
+from .engine import counterexamples
 from .cli import _suite_args, main, parse
 from .mutants import MUTANTS
-from .registry import PROPERTIES
+from .engine.registry import PROPERTIES
 from .properties import load_all
 
 load_all()

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from . import compile_cache
+from .engine import compile_cache
 from .mutants.runner import _env as mutant_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,11 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # persistent cache at each step.
 SCRIPT = r'''
 import json, sys
-from verification import compile_cache
+from verification.engine import compile_cache
 compile_cache.configure(True)
 import jax
 from strategies.cases import DeltaRuleCase
-from verification import runners
+from verification.engine import runners
 from verification.targets import Target
 case = DeltaRuleCase(batch=1, seq_len=20, k_heads=1, group=2, dk=16, dv=16, chunk=16,
                      dtype="float32", state_dtype="float32", seed=3)

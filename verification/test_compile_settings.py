@@ -1,4 +1,4 @@
-"""The suite's XLA:CPU compile settings (verification/compile_settings.py):
+"""The suite's XLA:CPU compile settings (verification/engine/compile_settings.py):
 when they apply, that they only add flags, and that programs compiled with
 them compute what XLA's default build computes, within the tightest bound
 of the tolerance policy."""
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from verification import compile_settings as cs
+from verification.engine import compile_settings as cs
 from verification.tolerance import DTYPES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from verification import KernelDeclaration, Supports
 from verification.fixture_kernels.foreign_targets import float32_only_scan as scan
 
-from . import harness
+from .engine import harness
 from .targets.declaration import declaration_of, unmet
-from .registry import PROPERTIES, is_not_checkable
+from .engine.registry import PROPERTIES, is_not_checkable
 from .properties import load_all
 from .targets import Target, TargetError
 

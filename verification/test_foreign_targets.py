@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from . import harness
-from .registry import PROPERTIES
+from .engine import harness
+from .engine.registry import PROPERTIES
 from .properties import load_all
 from .targets import Target
 from .tolerance import CONTRACT_PRECISION

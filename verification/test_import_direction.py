@@ -115,7 +115,7 @@ def test_the_checks_see_a_circle_and_an_upward_arrow():
     graph = {"gdn_kernels.a": {"strategies.b"}, "strategies.b": {"gdn_kernels.a"}}
     assert circles(graph) == [["gdn_kernels.a", "strategies.b"]]
     assert _rank("strategies.b") > _rank("gdn_kernels.a")
-    assert "verification.registry" in import_graph()["verification.harness"]
+    assert "verification.engine.registry" in import_graph()["verification.engine.harness"]
 
 
 FIXTURE_KERNELS = "verification.fixture_kernels"
@@ -134,3 +134,19 @@ def test_the_engine_never_imports_the_fixture_kernels():
     inward = sorted((a, b) for a in graph for b in graph[a]
                     if _is_fixture(b) and not _is_fixture(a))
     assert not inward, inward
+
+
+FRONT_ENDS = ("verification.plugin", "verification.cli", "verification.summary",
+              "verification.fixtures")
+
+
+def test_the_engine_never_imports_a_front_end():
+    """verification.engine (how a run happens) and the properties run under
+    any front end: neither imports the pytest plugin, the CLI or the
+    summary's text."""
+    graph = import_graph()
+    inner = [m for m in graph if m.startswith(("verification.engine", "verification.properties",
+                                               "verification.targets"))]
+    assert "verification.engine.harness" in inner
+    outward = sorted((a, b) for a in inner for b in graph[a] if b in FRONT_ENDS)
+    assert not outward, outward

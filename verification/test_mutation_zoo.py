@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from . import claims, counterexamples, harness, mesh_worker
+from .engine import claims, counterexamples, harness, mesh_worker
 from .cli import replay
 from .mutants import MUTANTS, PatchError, apply_patch, changed_functions, mutated_source
-from .registry import FAMILIES, PROPERTIES, PropertyFailure
+from .engine.registry import FAMILIES, PROPERTIES, PropertyFailure
 from .properties import load_all
 from .targets import DEFAULT_TARGET, Target
 

@@ -36,9 +36,9 @@ from gdn_kernels import delta_rule, interpret, pallas_impl, segments
 from strategies import explicit, segment_ids_of
 from strategies.cases import replace
 
-from . import runners
+from .engine import runners
 from .properties.parity import delta_rule_gradient_parity, mixer_gradient_parity
-from .registry import conclude
+from .engine.registry import conclude
 from .targets import Target
 from .tolerance import DTYPES, bounded, compare_self
 

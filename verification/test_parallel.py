@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from verification import reports, shards
+from verification.engine import reports, shards
 from verification.mutants import MUTANTS
 from verification.plugin import long_running
 

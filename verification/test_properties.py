@@ -2,7 +2,7 @@
 generated from the registry: test_<property id>. Nothing is written here by
 hand; a new property appears as soon as it is declared."""
 
-from .harness import hypothesis_test
+from .engine.harness import hypothesis_test
 from .properties import load_all
 
 for _prop in load_all().values():

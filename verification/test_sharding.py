@@ -2,7 +2,7 @@
 specs, cases tiled to a mesh, the mixer's head-shard channel order, and the
 reading of collectives from compiled HLO (kinds, shapes, replica groups and
 the mesh axes those span). (The family's properties run in a
-mesh worker: verification/mesh_worker.py.)"""
+mesh worker: verification/engine/mesh_worker.py.)"""
 
 import numpy as np
 import pytest

@@ -186,7 +186,7 @@ def test_ci_and_the_workflow_draw_the_same_examples(monkeypatch):
     database; .ci/run and the workflow's push runs both use it."""
     from hypothesis import settings
 
-    from .profiles import register_profiles
+    from .engine.profiles import register_profiles
     monkeypatch.setenv("GDN_HYPOTHESIS_DB", "/tmp/gdn-shared-db")
     try:
         register_profiles()

@@ -160,7 +160,7 @@ _IN_FORCE: contextvars.ContextVar = contextvars.ContextVar("gdn_declared_precisi
 def declared_precision(name: str):
     """Judge the comparisons made inside at the declared precision `name`
     (a PRECISIONS key; the contract's: the contract alone). Set around one
-    check of one case (verification.mesh_worker)."""
+    check of one case (verification.engine.mesh_worker)."""
     token = _IN_FORCE.set(None if name == CONTRACT_PRECISION else PRECISIONS[name])
     try:
         yield

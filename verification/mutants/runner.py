@@ -49,8 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
 from ..properties import load_all
-from ..registry import select
-from ..shards import shard_of
+from ..engine.registry import select
+from ..engine.shards import shard_of
 from . import MUTANTS, PREFIX, PatchError, materialize, mutant_root
 
 SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -315,7 +315,7 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
             worker.close()
     print(baseline_line(baseline), flush=True)
     verdict = kill_summary(results, baseline["passed"], time.perf_counter() - t0)
-    from ..shards import projection_line
+    from ..engine.shards import projection_line
     projection = projection_line(baseline.pop("test_seconds") + [r["wall_s"] for r in results],
                                  "mutation-run")
     summary = verdict["summary"]

@@ -1,5 +1,5 @@
 """The suite's properties, one module per family; importing this package
-registers them all in verification.registry.PROPERTIES.
+registers them all in verification.engine.registry.PROPERTIES.
 
   parity             outputs and every gradient vs the float64 oracle
   eps                QK L2-norm eps consistency: near-zero rows, finite
@@ -21,7 +21,7 @@ from typing import Dict
 
 # Import order is test order: parity first.
 from . import parity, eps, reduced_gradients, metamorphic, packing, state, sharding, stability, bad_input, conventions  # noqa: F401,I001,E501
-from ..registry import PROPERTIES, Property, PropertyFailure
+from ..engine.registry import PROPERTIES, Property, PropertyFailure
 
 __all__ = ["PROPERTIES", "PropertyFailure", "load_all"]
 

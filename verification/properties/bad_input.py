@@ -16,8 +16,8 @@ from strategies.cases import MixerCase
 from strategies.inputs import mixer_inputs
 
 from ..targets.declaration import CONTRACT_CHUNK_SIZES
-from ..registry import prop
-from ..runners import mixer_static
+from ..engine.registry import prop
+from ..engine.runners import mixer_static
 from ..tolerance import structural_row
 from .common import names_argument
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from strategies.cases import DeltaRuleCase, MixerCase
 
-from .. import runners
+from ..engine import runners
 from ..tolerance import TensorError, compare_to_oracle, precision_in_force, structural_row
 
 

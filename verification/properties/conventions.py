@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from strategies import delta_rule_cases, mixer_cases
 from strategies.cases import DeltaRuleCase
 
-from .. import runners
+from ..engine import runners
 from ..targets.adapters import recording_deviations
-from ..registry import prop
+from ..engine.registry import prop
 from ..tolerance import structural_row
 from .common import shape_dtype_row
 

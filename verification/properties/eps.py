@@ -13,8 +13,8 @@ import numpy as np
 from strategies import mixer_cases
 from strategies.cases import MixerCase, NearZeroRow, replace
 
-from .. import runners
-from ..registry import prop
+from ..engine import runners
+from ..engine.registry import prop
 from ..tolerance import NOT_CHECKABLE, TensorError, compare_self, errors
 from .common import parity_rows
 

@@ -10,8 +10,8 @@ import numpy as np
 from strategies import delta_rule_cases, mixer_cases
 from strategies.cases import DeltaRuleCase, MixerCase, replace
 
-from .. import runners
-from ..registry import prop
+from ..engine import runners
+from ..engine.registry import prop
 from ..tolerance import compare_self
 from .common import dtype_of
 

@@ -13,8 +13,8 @@ from strategies import delta_rule_cases, documents, mixer_cases, segment_ids_of
 from strategies.cases import DeltaRuleCase, MixerCase, replace
 from strategies.segments import layouts_from_ids, padding_mask
 
-from .. import runners
-from ..registry import prop
+from ..engine import runners
+from ..engine.registry import prop
 from ..tolerance import compare_self, structural_row
 from .common import dtype_of, parity_rows
 

@@ -9,7 +9,7 @@ from strategies import delta_rule_cases, mixer_cases
 from strategies.inputs import chunk_geometry, closest_key_pair, deepest_chunk_log_decay
 from strategies.cases import DeltaRuleCase, MixerCase
 
-from ..registry import prop
+from ..engine.registry import prop
 from .common import parity_rows
 
 # Regressions found by this suite (docs/kernel-authors.md, "Findings").

@@ -12,8 +12,8 @@ import numpy as np
 from strategies import mixer_cases
 from strategies.cases import MixerCase, replace
 
-from .. import runners
-from ..registry import prop
+from ..engine import runners
+from ..engine.registry import prop
 from ..tolerance import compare_self
 from .common import dtype_of, shape_dtype_row
 

@@ -38,8 +38,8 @@ from strategies.mesh import (MESH_DEVICES, MESH_KINDS, MeshKind, fit_case, mesh_
                              param_has_batch_axis, shard_param_shape)
 from strategies.state import incoming_state, pieces
 
-from .. import runners
-from ..registry import prop
+from ..engine import runners
+from ..engine.registry import prop
 from ..targets import Target, make_mesh, sharded_ops
 from ..tolerance import TensorError, compare_sharded, structural_row
 from .common import names_argument

@@ -8,8 +8,8 @@ import numpy as np
 from strategies import delta_rule_cases
 from strategies.cases import DeltaRuleCase
 
-from .. import runners
-from ..registry import prop
+from ..engine import runners
+from ..engine.registry import prop
 from ..tolerance import structural_row
 
 

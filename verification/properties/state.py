@@ -18,8 +18,8 @@ from strategies import lattice, mixer_cases
 from strategies.cases import MixerCase, replace
 from strategies.state import DECODE_LOOP_STEPS, decode_steps, incoming_state, pieces
 
-from .. import runners
-from ..registry import prop
+from ..engine import runners
+from ..engine.registry import prop
 from ..tolerance import compare_handoff, compare_self, compare_to_oracle, structural_row
 from .common import at_declared_precision, dtype_of
 

@@ -30,8 +30,8 @@ from strategies.cases import MixerCase
 from . import claims, known_failures, mesh_worker, runners
 from .profiles import CLAIM_CASES_IN_BUDGET
 from .registry import Property, PropertyFailure, classed, is_not_checkable, not_checkable_row
-from .properties import load_all
-from .tolerance import TensorError, failure_class, raised_class, raised_message, tensor_of
+from ..properties import load_all
+from ..tolerance import TensorError, failure_class, raised_class, raised_message, tensor_of
 
 MARKER = "gdn_property"
 
@@ -81,7 +81,7 @@ class PropertyStats:
     # tensor -> {"examples", "worst"}: rows that held only at the target's
     # declared tolerance, worst = ratio at the policy's bound
     tolerated: Dict[str, dict] = dataclasses.field(default_factory=dict)
-    # coverage claims (verification/claims.py): claim -> checked examples that
+    # coverage claims (verification/engine/claims.py): claim -> checked examples that
     # met it; claim -> why this run built no case to meet it
     claims_met: Dict[str, int] = dataclasses.field(default_factory=dict)
     claims_unmet: Dict[str, str] = dataclasses.field(default_factory=dict)
@@ -322,7 +322,7 @@ def run_pinned(p: Property, target, cases, stats: PropertyStats,
 
 def hypothesis_test(p: Property):
     """The pytest test of one property: its pinned cases first (its
-    explicit examples, then its claim cases, verification/claims.py: the
+    explicit examples, then its claim cases, verification/engine/claims.py: the
     fewest cases the target takes that meet every coverage claim the
     explicit ones do not), every one run whatever the others found; then its
     strategy's within its share of the profile's example budget (a case the

@@ -1,6 +1,6 @@
 """The persistent compilation cache of the suite's processes, on by default.
 
-The suite is compile-bound (verification/compile_settings.py), and a rerun
+The suite is compile-bound (verification/engine/compile_settings.py), and a rerun
 after an edit compiles mostly the programs it compiled before: the oracle,
 the reference, every kernel function the edit did not touch. With the
 cache on, XLA's compiled executables are kept in a directory and read back

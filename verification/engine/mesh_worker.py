@@ -9,7 +9,7 @@ session, so its compiles are reused). The worker receives (property id,
 target spec, case) as one JSON line and answers the rows, or the exception,
 as one JSON line; the caller concludes the verdict as for an in-process check.
 
-    python -m verification.mesh_worker     # the worker's loop (stdin/stdout)
+    python -m verification.engine.mesh_worker     # the worker's loop (stdin/stdout)
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Dict, List
 from strategies.cases import case_from_json, case_to_json
 
 from . import runners
-from .targets.declaration import OutsideLimits, precision_of
+from ..targets.declaration import OutsideLimits, precision_of
 from .registry import conclude, not_checkable_row
-from .tolerance import TensorError, at_declared_tolerance, declared_precision
+from ..tolerance import TensorError, at_declared_tolerance, declared_precision
 
 _WORKERS: Dict[int, subprocess.Popen] = {}
 
@@ -79,11 +79,11 @@ def _worker(devices: int) -> subprocess.Popen:
     proc = _WORKERS.get(devices)
     if proc is not None and proc.poll() is None:
         return proc
-    from .mutants import mutant_root
+    from ..mutants import mutant_root
     env = dict(os.environ, GDN_MUTANT_DIR=mutant_root(),
                XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
                           f" --xla_force_host_platform_device_count={devices}").strip())
-    proc = subprocess.Popen([sys.executable, "-m", "verification.mesh_worker"],
+    proc = subprocess.Popen([sys.executable, "-m", "verification.engine.mesh_worker"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                             text=True, bufsize=1)
     _WORKERS[devices] = proc
@@ -118,8 +118,8 @@ def _serve() -> None:
     """Answer requests until stdin closes; nothing but answers goes to stdout."""
     out = sys.stdout
     sys.stdout = sys.stderr
-    from .properties import load_all
-    from .targets import Target
+    from ..properties import load_all
+    from ..targets import Target
     properties = load_all()
     for line in sys.stdin:
         request = json.loads(line)

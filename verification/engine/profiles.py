@@ -60,7 +60,7 @@ EXAMPLES = {"dev": 8, "ci": int(os.environ.get("GDN_CI_EXAMPLES", "40")),
             "nightly": 400, "repro": 0}
 EXAMPLES["kill"] = EXAMPLES["ci"]
 # The profiles whose example budget per property counts its claim cases
-# (verification/claims.py: they are drawn from its strategy too, only
+# (verification/engine/claims.py: they are drawn from its strategy too, only
 # chosen), the drawn examples filling the rest: the dev loop's, whose time is
 # the budget (claim cases on top of its draws took the main job from 137 to
 # 174 s cold on a 2-core EPYC). The gate's profiles draw what they drew
@@ -69,7 +69,7 @@ EXAMPLES["kill"] = EXAMPLES["ci"]
 CLAIM_CASES_IN_BUDGET = ("dev",)
 
 # filter_too_much: a case the target does not declare support for is
-# rejected (verification/harness.py), which may be most of a strategy's cases.
+# rejected (verification/engine/harness.py), which may be most of a strategy's cases.
 def _suppressed():
     from hypothesis import HealthCheck
     return [HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -82,7 +82,7 @@ def local_database_dir() -> str:
 
 def dev_database():
     """The local database, multiplexed with a shared read-only database when
-    available (see verification.shared_db)."""
+    available (see verification.engine.shared_db)."""
     from .shared_db import database_for_dev
     from hypothesis.database import DirectoryBasedExampleDatabase
     return database_for_dev(DirectoryBasedExampleDatabase(local_database_dir()))

@@ -14,7 +14,7 @@ from typing import List
 
 from . import harness
 from .shards import parse_shard, projection_line
-from .tolerance import TensorError
+from ..tolerance import TensorError
 
 
 def _load(path: str) -> dict:
@@ -53,8 +53,8 @@ def merge(paths: List[str]) -> dict:
 
 
 def _merge_mutation(reports: List[dict]) -> dict:
-    from .mutants import MUTANTS
-    from .mutants.runner import kill_summary
+    from ..mutants import MUTANTS
+    from ..mutants.runner import kill_summary
     # the unsharded run's order: the catalog's mutants, each on its impls in
     # the order it declares them
     runs = [(name, impl) for name in MUTANTS for impl in MUTANTS[name].impls]
@@ -88,7 +88,7 @@ def _merge_suite(reports: List[dict]) -> dict:
 def markdown(report: dict) -> str:
     """The merged report as a Markdown table and a verdict line (PASS / FAIL)."""
     if report["kind"] == "mutation":
-        from .mutants.runner import markdown as mutation_table
+        from ..mutants.runner import markdown as mutation_table
         table = mutation_table({"mutants": report["mutants"], "baseline": report["baseline"],
                                 "summary": ""})
         missing = (f"FAIL: {'; '.join(report['missing'])}\n"

@@ -11,11 +11,11 @@ its check function, with everything the runners need.
 A check is a plain function `check(target, case) -> rows` (TensorError rows,
 verification.tolerance); it knows nothing of pytest or Hypothesis, so
 `gdn-verify replay` reruns exactly the same check on a stored case. The
-pytest tests are generated from this registry (verification/harness.py,
+pytest tests are generated from this registry (verification/engine/harness.py,
 verification/test_properties.py); the mutation runner, the benchmarks and
 the meta-tests select properties by id, never by a test-function name.
 `verification.properties.load_all()` registers every family; a check runs
-through `verification.mesh_worker.run` (in this process or a mesh worker).
+through `verification.engine.mesh_worker.run` (in this process or a mesh worker).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from hypothesis import strategies as st
 from hypothesis import target as hypothesis_target
 
-from .targets.declaration import case_needs, check_needs
-from .tolerance import NOT_CHECKABLE, TensorError, format_table, worst
+from ..targets.declaration import case_needs, check_needs
+from ..tolerance import NOT_CHECKABLE, TensorError, format_table, worst
 
 FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "state", "sharding",
             "stability", "bad_input", "conventions")
@@ -99,7 +99,7 @@ class Property:
     gate_only_why: why the dev loop leaves the gate_covers to the gate
                   (default: claims.GATE_ONLY, the rows dev's covering lacks)
     devices:      devices its check needs (a mesh); with fewer in this
-                  process it runs in a mesh worker (verification/mesh_worker.py)
+                  process it runs in a mesh worker (verification/engine/mesh_worker.py)
     on_sharded_target: part of the declared subset `.ci/run` runs against
                   a sharded target (SHARDED_SUBSET)
     needs:        what the property asks of every target beyond what each

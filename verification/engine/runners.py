@@ -19,9 +19,9 @@ from gdn_kernels.interpret import resolved_mode
 from strategies import cotangent, delta_rule_inputs, mixer_inputs, segment_ids_of
 from strategies.cases import DeltaRuleCase, MixerCase
 
-from .targets.declaration import OutsideLimits
-from .targets import Target
-from .tolerance import CONTRACT_PRECISION, PRECISIONS
+from ..targets.declaration import OutsideLimits
+from ..targets import Target
+from ..tolerance import CONTRACT_PRECISION, PRECISIONS
 
 DELTA_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
 MIXER_INPUTS = ("x", "conv_weight", "a", "b", "a_log", "dt_bias")
@@ -64,7 +64,7 @@ def cache_hit_count() -> int:
     return _compiles["hits"]
 
 
-# What the mesh workers (verification/mesh_worker.py) built for this
+# What the mesh workers (verification/engine/mesh_worker.py) built for this
 # process's checks, as they report it.
 _worker_compiles = {"n": 0, "s": 0.0}
 
@@ -103,7 +103,7 @@ def release_executables_if_needed(fraction: float = 0.5) -> bool:
 
     Each XLA:CPU executable of the suite holds ~275 memory maps (measured
     with XLA's parallel code generation; ~70 with the suite's compile
-    settings, verification/compile_settings.py); after ~230 (~900)
+    settings, verification/engine/compile_settings.py); after ~230 (~900)
     compiles a process hits the default limit of 65530 and XLA segfaults
     while compiling the next one. Releasing the caches frees the
     maps; a later example of a seen shape simply compiles again."""

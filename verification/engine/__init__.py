@@ -1,0 +1,19 @@
+"""The engine: how a run happens, whatever the target.
+
+    registry.py          @prop: the properties' one registry
+    harness.py           the test generated per property, its verdict, statistics
+    claims.py            the cases that meet each coverage claim, per profile
+    runners.py           jitted target / oracle / reference runs, compile counts
+    profiles.py          the Hypothesis profiles (dev, ci, nightly, repro, kill)
+    compile_settings.py  XLA:CPU flags of the suite's processes
+    compile_cache.py     the persistent compilation cache
+    counterexamples.py   counterexample files and their replay
+    known_failures.py    --gdn-known-failures
+    shards.py, reports.py, shared_db.py   sharded runs, merged reports, a shared
+                         example database
+    mesh_worker.py       checks that need more devices than the process has
+
+It imports the targets (verification.targets) and the tolerance policy, and
+runs the properties (verification.properties), never the front ends
+(verification.plugin, verification.cli).
+"""
