@@ -17,7 +17,7 @@ import shutil
 import pytest
 
 from .plugin import long_running
-from .test_kernel_author import ROOT, installed_author
+from .test_kernel_author import ROOT, _summary, installed_author
 
 LAYER = os.path.join(ROOT, "verification", "fixture_kernels", "author_fixture", "review_layer.py")
 DOC = os.path.join(ROOT, "docs", "kernel-authors.md")
@@ -58,10 +58,6 @@ def _reviewer(home, tmp_path_factory, edit=None):
     author = installed_author(home, tmp_path_factory)
     author.env.pop("GDN_EXAMPLES", None)
     return author
-
-
-def _summary(output: str) -> str:
-    return output.split("gdn-verify summary", 1)[1]
 
 
 def test_the_declaration_fits_in_fifteen_lines():
