@@ -84,6 +84,8 @@ def summary_lines(suite) -> list:
         lines += failure_class_lines(st)
         if st.checked:      # a property not checkable at all says why in its row
             lines += [f"    claim not met: {claim}: {why}" for claim, why in unmet.items()]
+            lines += [f"    tensor not checkable: {tensor}: {why}"
+                      for tensor, why in sorted(st.tensors_not_checkable.items())]
     lines += deviation_lines(suite.target.declaration, suite.session.stats)
     lines += tolerance_lines(suite.target.declaration, suite.session.stats)
     lines.append(projection_line(list(suite.test_seconds.values()), "test-session"))
@@ -235,6 +237,10 @@ def verdict_lines(suite, stats) -> list:
     lines.append(f"  not checkable: {len(nc)} properties"
                  + (f" ({', '.join(sorted(nc))})" if nc else "")
                  + (f"; {partly} further example(s) not checkable" if partly else ""))
+    partial = sorted(f"{t} in {n}" for n, st in stats.items() for t in st.tensors_not_checkable)
+    if partial:
+        lines.append(f"  tensors not checkable (their examples' other tensors were): "
+                     f"{', '.join(partial)}: listed under their properties")
     for verdict in (harness.XFAIL, harness.XPASS, harness.FAILED):
         names = by.get(verdict, [])
         if names or verdict == harness.FAILED:

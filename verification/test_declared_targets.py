@@ -17,9 +17,11 @@ import subprocess
 import sys
 import types
 
+import jax.numpy as jnp
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
+from gdn_kernels import GDNState
 from verification import KernelDeclaration, Supports
 from verification.fixture_kernels.foreign_targets import float32_only_scan as scan
 
@@ -57,6 +59,8 @@ WITHOUT = {
     "segment_ids": (dict(supports=Supports(segment_ids=False)), "segment_ids"),
     "initial_state": (dict(supports=Supports(initial_state=False)), "initial_state"),
     "carried_state": (dict(supports=Supports(carried_state=False)), "carried_state"),
+    "incoming_conv_state": (dict(supports=Supports(incoming_conv_state=False)),
+                            "incoming_conv_state"),
     "gva": (dict(supports=Supports(gva=False)), "gva"),
     "validates_input": (dict(supports=Supports(validates_input=False)), "validates_input"),
     "bfloat16": (dict(supports=Supports(dtypes=("float32",))), "dtype:bfloat16"),
@@ -121,6 +125,38 @@ def test_the_full_declaration_is_checkable_and_runs_the_target():
     case = next(c for c in drawn_cases(prop) if not prop.not_checkable(target, c))
     verdict, _ = harness.verdict_of(prop, target, [case])
     assert verdict == harness.HELD and sum(s.calls for s in spies) > 0
+
+
+def _conv_history_ignored(x, conv_weight, a, b, a_log, dt_bias, *, state=None, **kw):
+    """The scan's mixer, starting every call from a zero conv history."""
+    if state is not None:
+        state = GDNState(jnp.zeros_like(state.conv), state.recurrent)
+    return scan.gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, state=state, **kw)
+
+
+def _state_gradient_cases(n=3):
+    prop = PROPERTIES["state_gradient_parity"]
+    return prop, [c for c in drawn_cases(prop, 8) if not c.segments][:n]
+
+
+def test_an_ignored_incoming_conv_state_is_declared_and_its_gradient_never_passes():
+    """A mixer that ignores the incoming conv state, declared so: the
+    state's returned tensors and the incoming recurrent state's gradient are
+    checked from a zero conv history, the conv history's gradient is a
+    tensor not checkable (never a pass), --gdn-strict would fail it; the
+    same kernel undeclared fails state_gradient_parity."""
+    prop, cases = _state_gradient_cases()
+    declared, _ = declared_target("conv history ignored", gdn_decoupled_conv1d=Spy(
+        _conv_history_ignored), supports=Supports(incoming_conv_state=False))
+    verdict, stats = harness.verdict_of(prop, declared, cases)
+    assert verdict == harness.HELD and stats.checked == len(cases), (verdict, stats)
+    assert set(stats.tensors_not_checkable) == {"dstate.conv"}, stats.tensors_not_checkable
+    assert "ignores the incoming conv state" in stats.tensors_not_checkable["dstate.conv"]
+    assert "dstate.conv" not in stats.worst and "drecurrent" not in stats.worst
+    assert {"dstate.recurrent", "recurrent (one call)", "conv (one call)"} <= set(stats.worst)
+    undeclared, _ = declared_target("conv history ignored, undeclared",
+                                    gdn_decoupled_conv1d=_conv_history_ignored)
+    assert harness.verdict_of(prop, undeclared, cases)[0] == harness.FAILED
 
 
 def test_no_property_passes_on_a_target_that_checks_nothing():

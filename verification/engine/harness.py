@@ -29,7 +29,8 @@ from strategies.cases import MixerCase
 
 from . import claims, known_failures, mesh_worker, runners
 from .profiles import CLAIM_CASES_IN_BUDGET
-from .registry import Property, PropertyFailure, classed, is_not_checkable, not_checkable_row
+from .registry import (Property, PropertyFailure, classed, is_not_checkable,
+                       is_tensor_not_checkable, not_checkable_row)
 from ..properties import load_all
 from ..tolerance import TensorError, failure_class, raised_class, raised_message, tensor_of
 
@@ -85,6 +86,9 @@ class PropertyStats:
     # met it; claim -> why this run built no case to meet it
     claims_met: Dict[str, int] = dataclasses.field(default_factory=dict)
     claims_unmet: Dict[str, str] = dataclasses.field(default_factory=dict)
+    # tensor -> why: tensors of checked examples the target could not be
+    # compared on (registry.tensor_not_checkable_row), never passed
+    tensors_not_checkable: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def met(self, names) -> None:
         """Count the claims one checked example met."""
@@ -186,7 +190,7 @@ def check_property(name: str, target, case, record: bool = True,
     except PropertyFailure as err:
         failing = [r for r in err.rows if not r.passed]
         covered = known_failures.covering(session().options.known, name, failing) if record else None
-        _update_worst(stats, err.rows)
+        _update_worst(stats, _compared(stats, err.rows))
         _count_beyond_bounds(stats, err.rows)
         if covered:
             stats.known_failures += 1
@@ -213,15 +217,24 @@ def check_property(name: str, target, case, record: bool = True,
         stats.seconds += time.perf_counter() - t0
         stats.compiles += runners.compile_count() - c0
         stats.compile_s += runners.compile_seconds() - s0
-    _update_worst(stats, rows)
-    _count_beyond_bounds(stats, rows)
-    unresolved = [r for r in rows if is_not_checkable(r)]
+    compared = _compared(stats, rows)
+    _update_worst(stats, compared)
+    _count_beyond_bounds(stats, compared)
+    unresolved = [r for r in compared if is_not_checkable(r)]
     if unresolved:
         stats.unresolved += 1
         _add_reason(stats, unresolved[0].note.split(";")[0].split(": ", 1)[-1])
     else:
         stats.met(claims.claims_met(claims.claims_of(prop, lattice.current_covering()), case))
     return rows
+
+
+def _compared(stats: PropertyStats, rows: List[TensorError]) -> List[TensorError]:
+    """The rows that compared a tensor; the tensors not checkable on this
+    target (registry.tensor_not_checkable_row) recorded in stats."""
+    stats.tensors_not_checkable.update(
+        (r.name, r.note.split(": ", 1)[1]) for r in rows if is_tensor_not_checkable(r))
+    return [r for r in rows if not is_tensor_not_checkable(r)]
 
 
 def _count_beyond_bounds(stats: PropertyStats, rows: List[TensorError]) -> None:
@@ -259,6 +272,10 @@ def reasons_text(stats: PropertyStats) -> str:
                      for why, n in sorted(stats.reasons.items(), key=lambda kv: -kv[1]))
 
 
+def tensors_not_checkable_text(stats: PropertyStats) -> str:
+    return "; ".join(f"{name} ({why})" for name, why in sorted(stats.tensors_not_checkable.items()))
+
+
 def conclude_test(p: Property, stats: PropertyStats) -> None:
     """The pytest outcome of a property's test once its examples ran without
     an unknown failure: skip (not checkable), fail (--gdn-strict with any
@@ -271,6 +288,9 @@ def conclude_test(p: Property, stats: PropertyStats) -> None:
         pytest.fail(f"[XPASS(strict)] {p.id}: known failure(s) {stale} did not fail in "
                     f"{stats.examples} example(s): remove them from the known-failures file",
                     pytrace=False)
+    if run.options.strict and stats.tensors_not_checkable:
+        pytest.fail(f"--gdn-strict: {p.id}: tensors {NOT_CHECKABLE}: "
+                    f"{tensors_not_checkable_text(stats)}", pytrace=False)
     if stats.not_checkable and (run.options.strict or stats.nothing_checked):
         stats.verdict = NOT_CHECKABLE
         message = f"{NOT_CHECKABLE}: {reasons_text(stats)}"
@@ -410,7 +430,8 @@ def stats_json(stats: Optional[Dict[str, PropertyStats]] = None) -> dict:
                    "classes": {k: dict(c) for k, c in st.classes.items()},
                    "deviations": {k: dict(d) for k, d in st.deviations.items()},
                    "tolerated": {k: dict(d) for k, d in st.tolerated.items()},
-                   "claims_met": dict(st.claims_met), "claims_unmet": dict(st.claims_unmet)}
+                   "claims_met": dict(st.claims_met), "claims_unmet": dict(st.claims_unmet),
+                   "tensors_not_checkable": dict(st.tensors_not_checkable)}
             for name, st in (session().stats if stats is None else stats).items()}
 
 
@@ -449,3 +470,4 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         for claim, n in d.get("claims_met", {}).items():
             st.claims_met[claim] = st.claims_met.get(claim, 0) + n
         st.claims_unmet.update(d.get("claims_unmet", {}))
+        st.tensors_not_checkable.update(d.get("tensors_not_checkable", {}))

@@ -146,6 +146,20 @@ def is_not_checkable(row: TensorError) -> bool:
     return row.note.startswith(NOT_CHECKABLE)
 
 
+TENSOR_NOT_CHECKABLE = "tensor not checkable"
+
+
+def tensor_not_checkable_row(name: str, reason: str) -> TensorError:
+    """The row of one tensor a check could not compare on this target while
+    its other rows were compared (the example counts as checked): never a
+    pass of that tensor; the summary lists it under its property."""
+    return TensorError(name, 0.0, 0.0, 0.0, 0.0, True, f"{TENSOR_NOT_CHECKABLE}: {reason}")
+
+
+def is_tensor_not_checkable(row: TensorError) -> bool:
+    return row.note.startswith(TENSOR_NOT_CHECKABLE)
+
+
 PROPERTIES: Dict[str, Property] = {}
 
 

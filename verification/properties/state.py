@@ -19,7 +19,8 @@ from strategies.cases import MixerCase, replace
 from strategies.state import DECODE_LOOP_STEPS, decode_steps, incoming_state, pieces
 
 from ..engine import runners
-from ..engine.registry import prop
+from ..engine.registry import prop, tensor_not_checkable_row
+from ..targets.declaration import INCOMING_CONV_STATE_IGNORED
 from ..tolerance import compare_handoff, compare_self, compare_to_oracle, structural_row
 from .common import at_declared_precision, dtype_of
 
@@ -112,7 +113,8 @@ SPLIT_COVERS = {
 # is a new program; a quarter of the profile's examples keeps the state family's
 # share of the gate's time near the packing family's.
 @prop("mixer_split_invariance", family="state", strategy=mixer_cases(where=_splittable),
-      wrong_target="gdn_mutant_conv_state_from_outputs:xla", weight=0.25, needs=("carried_state",),
+      wrong_target="gdn_mutant_conv_state_from_outputs:xla", weight=0.25,
+      needs=("carried_state", "incoming_conv_state"),
       covers={**SPLIT_COVERS, "bfloat16": lambda c: c.dtype == "bfloat16",
               "K=4": lambda c: c.conv_width == 4},
       on_sharded_target=True)
@@ -135,7 +137,8 @@ def _near_zero_on_decode_tokens(case: MixerCase) -> MixerCase:
 
 @prop("prompt_then_decode", family="state",
       strategy=mixer_cases(where=_splittable, near_zero=True),
-      wrong_target="gdn_mutant_decode_without_decay:xla", weight=0.25, needs=("carried_state",),
+      wrong_target="gdn_mutant_decode_without_decay:xla", weight=0.25,
+      needs=("carried_state", "incoming_conv_state"),
       covers={"bfloat16": lambda c: c.dtype == "bfloat16",
               "several decode steps": lambda c: decode_steps(c) >= 3,
               "exact-zero row": lambda c: any(r.magnitude == 0 for r in c.near_zero),
@@ -160,12 +163,21 @@ def state_gradient_parity(target, case: MixerCase):
     """One call from a non-zero incoming GDNState, with cotangents on o and
     on the returned state: outputs, returned state and the gradients of
     every input and of state.conv / state.recurrent match the float64
-    oracle (packed rows included: only the first document continues it)."""
+    oracle (packed rows included: only the first document continues it).
+    A target that ignores the incoming conv state (Supports) is called from
+    a zero conv history, and the gradient of that history is not checkable."""
     runners.within_limits(target, case)
     inputs, state = runners.case_inputs(case), incoming_state(case)
+    uses_conv_history = target.declaration.supports.incoming_conv_state
+    if not uses_conv_history:
+        state = dict(state, conv=np.zeros_like(state["conv"]))
     cut = runners.run_pieces(runners.target_fn(target, "mixer"), case, inputs, state,
                              pieces(case, "one"))
-    return _rows_vs_oracle(case, cut, "one call", inputs, state)
+    rows = _rows_vs_oracle(case, cut, "one call", inputs, state)
+    if uses_conv_history:
+        return rows
+    return [tensor_not_checkable_row(r.name, INCOMING_CONV_STATE_IGNORED)
+            if r.name == "dstate.conv" else r for r in rows]
 
 
 # ------------------------------------------------------------ decode loops
@@ -212,7 +224,7 @@ def _decode_case(geo) -> bool:
 
 @prop("decode_drift", family="state", strategy=mixer_cases(where=_decode_case),
       wrong_target="gdn_mutant_state_downcast_between_calls:xla", weight=0.15,
-      needs=("carried_state",),
+      needs=("carried_state", "incoming_conv_state"),
       covers={"strong decay": lambda c: c.gate_regime == "strong_decay"})
 def decode_drift(target, case: MixerCase):
     """bfloat16 activations, float32 state: a prompt then 256 decode steps

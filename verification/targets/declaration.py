@@ -44,6 +44,12 @@ class Supports:
     segment_ids:     packed rows (contract section 6)
     initial_state:   gated_delta_rule's initial_state, and its gradient
     carried_state:   the mixer's state= / return_state= and decode (section 7)
+    incoming_conv_state: the conv part of an incoming state= is used (False:
+                     a layer that takes state= and returns its state but
+                     starts its conv window from zeros whatever it is handed;
+                     its returned conv and recurrent state, its incoming
+                     recurrent state and their gradients are still checked,
+                     a call after a conv history is not)
     gva:             more value heads than key heads (Hv = G Hk, G > 1)
     scale:           a scale= other than the default Dk**-0.5
     chunk_sizes:     the chunk_size values accepted (None: every one the
@@ -75,6 +81,7 @@ class Supports:
     segment_ids: bool = True
     initial_state: bool = True
     carried_state: bool = True
+    incoming_conv_state: bool = True
     gva: bool = True
     scale: bool = True
     chunk_sizes: Optional[Tuple[int, ...]] = None
@@ -273,6 +280,9 @@ def declaration_of(module) -> KernelDeclaration:
 
 
 # ---------------------------------------------------------------- needs
+INCOMING_CONV_STATE_IGNORED = ("the target ignores the incoming conv state "
+                               "(Supports(incoming_conv_state=False))")
+
 # Each need a property or a case may have, and the reason given when the
 # declaration lacks it: need -> (is it met?, why not).
 NEEDS = {
@@ -290,6 +300,8 @@ NEEDS = {
                       "the target declares no initial_state for gated_delta_rule"),
     "carried_state": (lambda d: d.supports.carried_state,
                       "the target declares no carried state (state= / return_state=)"),
+    "incoming_conv_state": (lambda d: d.supports.incoming_conv_state,
+                            INCOMING_CONV_STATE_IGNORED),
     "gva": (lambda d: d.supports.gva,
             "the target declares no GVA (Hv > Hk)"),
     "scale": (lambda d: d.supports.scale,
