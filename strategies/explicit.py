@@ -1,5 +1,5 @@
 """Hand-picked cases of gdn_kernels' own backends, run through the shared
-runners and tolerance policy by verification/test_pallas_modes.py (the
+runners and tolerance policy by verification/tests/test_pallas_modes.py (the
 contract's acceptance bounds, the XLA twin, float64, and, the small ones,
 the gradient-parity properties in the TPU simulator):
 T in {1, C-1, C, C+1, 3C+5}, C in {16, 32, 64}, G in {1, 2, 4}, Dk != Dv,

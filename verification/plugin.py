@@ -29,7 +29,7 @@ import pytest
 TARGET_OPTION, TARGET_INI, TARGET_ENV = "--gdn-target", "gdn_target", "GDN_TARGET"
 SCOPES = ("properties", "all")
 SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
-PROPERTY_TESTS = os.path.join(SUITE_DIR, "test_properties.py")
+PROPERTY_TESTS = os.path.join(SUITE_DIR, "tests", "test_properties.py")
 STATS_KEY = "gdn_property_stats"
 EXAMPLES_ENV = "GDN_EXAMPLES"      # the same as --gdn-examples
 LONG_MARKER = "long_running"       # tests sorted first (see pytest_collection_modifyitems)

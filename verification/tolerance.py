@@ -89,7 +89,7 @@ class DtypeTolerance:
         project's kernels against the float64 oracle (relative L2):
         float32 1e-5 on outputs and the final state, 1e-4 on gradients;
         bfloat16 2e-2. Checked on the explicit cases
-        (verification/test_pallas_modes.py), not by the properties, whose
+        (verification/tests/test_pallas_modes.py), not by the properties, whose
         bound is the same-precision reference's error times RATIO.
     """
     rel_floor: float

@@ -29,7 +29,7 @@ runners.release_executables_if_needed comes 2.4x less often. On a mixer case the
 float32 gradients of both builds are 6e-8..5e-7 (relative L2) from the
 float64 oracle and 1.5e-7..6e-7 from each other: float32 rounding in
 another order, under half the policy's float32 floor (2e-6);
-verification/test_compile_settings.py keeps that checked.
+verification/tests/test_compile_settings.py keeps that checked.
 
 The flags are added to XLA_FLAGS, before the process's first computation,
 only where they are known to exist (an unknown XLA flag aborts the process)

@@ -12,7 +12,7 @@ A check is a plain function `check(target, case) -> rows` (TensorError rows,
 verification.tolerance); it knows nothing of pytest or Hypothesis, so
 `gdn-verify replay` reruns exactly the same check on a stored case. The
 pytest tests are generated from this registry (verification/engine/harness.py,
-verification/test_properties.py); the mutation runner, the benchmarks and
+verification/tests/test_properties.py); the mutation runner, the benchmarks and
 the meta-tests select properties by id, never by a test-function name.
 `verification.properties.load_all()` registers every family; a check runs
 through `verification.engine.mesh_worker.run` (in this process or a mesh worker).

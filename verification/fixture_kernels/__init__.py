@@ -12,4 +12,4 @@
 
 The suite's engine never imports them: properties and tests name them by
 module ("verification.fixture_kernels.wrong_targets.<name>"), as a user names a
-target (verification/test_import_direction.py)."""
+target (verification/tests/test_import_direction.py)."""

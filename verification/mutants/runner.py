@@ -25,7 +25,7 @@ the devices, the XLA flags and the jax/jaxlib versions, and caches nothing
 that holds a host callback; a mutated program is a different program, so
 the only entries a mutant can read are those of code its patch did not
 change (the float64 oracle, mostly), which the suite's own run left there.
-verification/test_mutation_zoo.py checks that a mutated kernel lowers to a
+verification/tests/test_mutation_zoo.py checks that a mutated kernel lowers to a
 different program than the original.
 
 Writes mutation-report.json and mutation-report.md; exits 1 if any mutant
@@ -54,7 +54,7 @@ from ..engine.shards import shard_of
 from . import MUTANTS, PREFIX, PatchError, materialize, mutant_root
 
 SUITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROPERTY_TESTS = os.path.join(SUITE_DIR, "test_properties.py")
+PROPERTY_TESTS = os.path.join(SUITE_DIR, "tests", "test_properties.py")
 PROFILE = "kill"
 UNMUTATED = "gdn_kernels"
 _CACHE_WRITE_THRESHOLD = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"

@@ -1,7 +1,7 @@
 """A kernel author's own module, as docs/kernel-authors.md writes it: the
 contract's core op and mixer as a float32 token scan with plain JAX
 autodiff, and a declaration of what it supports (no packed rows, no
-carried state, no input validation). Used by verification/test_kernel_author.py
+carried state, no input validation). Used by verification/tests/test_kernel_author.py
 from a directory outside this repository."""
 
 import jax

@@ -5,7 +5,7 @@ the chunked gated delta rule), a pure-JAX forward that caches each chunk's
 triangular inverse and start state, a Pallas backward of the delta rule
 (interpret mode) that walks the chunks in reverse with those caches, and a
 decoupled Conv1D + SiLU backward in plain JAX. It imports neither
-gdn_kernels nor verification: verification/test_review_layer.py copies it
+gdn_kernels nor verification: verification/tests/test_review_layer.py copies it
 into a directory outside the repository and declares it there, as its
 author would, and plants the review's two bugs back into the copy by
 editing its text (the QK-norm backward's eps; the a_log / dt_bias

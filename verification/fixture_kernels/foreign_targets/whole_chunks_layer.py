@@ -5,7 +5,7 @@ a batch of one. It raises ValueError (naming the argument) outside those
 shapes; its declaration says so (Limits), so every case drawn for it is one
 it takes. `whole_chunks_layer_undeclared` is the same kernel declared
 without its limits: its cases outside them raise, and are FAILED, counted
-as raised (verification/test_declared_targets.py)."""
+as raised (verification/tests/test_declared_targets.py)."""
 
 from __future__ import annotations
 

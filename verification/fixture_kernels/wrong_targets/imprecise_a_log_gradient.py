@@ -4,7 +4,7 @@ a_log cotangent off by a relative 1e-3 (hundreds of times float32's bound
 for it, far inside 1e4 times), declared as KernelDeclaration.tolerance
 {"da_log": 1e4}. Every property holds, da_log listed "held at the declared
 tolerance"; imprecise_a_log_gradient_tight declares x2 for the same kernel,
-and fails (verification/test_tolerance.py)."""
+and fails (verification/tests/test_tolerance.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ same inputs never agree bit for bit, yet agree far within every tolerance
 The change is exact and the same on every machine, so every property's
 verdict on this target is decided by the case alone (determinism fails,
 tolerance-based properties pass), and shrinking follows the same path in
-a serial, a parallel and a sharded run (verification/test_parallel.py
+a serial, a parallel and a sharded run (verification/tests/test_parallel.py
 compares their example counts). Random noise would not do: rounded to
 bfloat16 it often vanishes, which made the shrink path, and so the example
 count, differ from run to run.

@@ -9,7 +9,7 @@ on the float32 scan of verification.fixture_kernels.foreign_targets.float32_only
 
 A run must tell them apart: two counterexample files, each replaying its
 own failure, and the summary's worst row (the non-finite dg) naming the
-second (verification/test_mutation_zoo.py).
+second (verification/tests/test_mutation_zoo.py).
 """
 
 from __future__ import annotations

@@ -10,14 +10,14 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from .engine import counterexamples
-from .cli import _suite_args, main, parse
-from .mutants import MUTANTS
-from .engine.registry import PROPERTIES
-from .properties import load_all
+from ..engine import counterexamples
+from ..cli import _suite_args, main, parse
+from ..mutants import MUTANTS
+from ..engine.registry import PROPERTIES
+from ..properties import load_all
 
 load_all()
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCAN = "verification.fixture_kernels.foreign_targets.float32_only_scan"
 
 
@@ -60,7 +60,7 @@ def test_run_options_become_pytest_options():
 def test_jobs_default_to_every_core_or_xdists_auto_count(monkeypatch):
     """`gdn-verify` on every core, or as many workers as pytest -n auto would
     start (PYTEST_XDIST_AUTO_NUM_WORKERS); --jobs wins."""
-    from .cli import AUTO_JOBS_ENV
+    from ..cli import AUTO_JOBS_ENV
 
     def workers(argv):
         out = _suite_args(parse(argv)[0])

@@ -25,14 +25,14 @@ from gdn_kernels import GDNState
 from verification import KernelDeclaration, Supports
 from verification.fixture_kernels.foreign_targets import float32_only_scan as scan
 
-from .engine import harness
-from .targets.declaration import declaration_of, unmet
-from .engine.registry import PROPERTIES, is_not_checkable
-from .properties import load_all
-from .targets import Target, TargetError
+from ..engine import harness
+from ..targets.declaration import declaration_of, unmet
+from ..engine.registry import PROPERTIES, is_not_checkable
+from ..properties import load_all
+from ..targets import Target, TargetError
 
 load_all()
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES_PER_PROPERTY = 4
 
 
@@ -218,7 +218,7 @@ def test_a_declaration_rejects_what_is_not_callable():
 def _pytest(*args, env=None):
     """The property tests in a subprocess, ci profile (derandomized)."""
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "verification/test_properties.py", *args],
+                           "verification/tests/test_properties.py", *args],
                           capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env=dict(os.environ, GDN_PROFILE="ci", **(env or {})))
 
@@ -272,7 +272,7 @@ def test_the_plugin_is_inert_without_a_target(tmp_path):
 
 def test_what_declares_nothing_optional_lists_its_needs():
     """Every need a property declares is one a declaration can lack."""
-    from .targets.declaration import NEEDS
+    from ..targets.declaration import NEEDS
     for prop in PROPERTIES.values():
         for need in prop.needs:
             assert need in NEEDS or need.startswith("chunk_size:"), (prop.id, need)
@@ -334,7 +334,7 @@ def test_cases_are_drawn_inside_the_declared_limits():
     parameters, a batch axis only at B = 1), in the dev and ci coverings;
     without them, the contract's lattice is unchanged."""
     from strategies import lattice
-    from .fixture_kernels.foreign_targets.whole_chunks_layer import LIMITS
+    from ..fixture_kernels.foreign_targets.whole_chunks_layer import LIMITS
     unlimited = (lattice.mixer_geometries(), lattice.delta_geometries())
     previous = settings.get_current_profile_name()
     lattice.declare_limits(LIMITS)

@@ -16,7 +16,7 @@ import shutil
 import pytest
 import yaml
 
-from .plugin import long_running
+from ..plugin import long_running
 from .test_kernel_author import INSTALL, ROOT, Author, doc_commands, installed_author
 
 pytestmark = long_running        # whole suite runs in subprocesses
@@ -186,7 +186,7 @@ def test_ci_and_the_workflow_draw_the_same_examples(monkeypatch):
     database; .ci/run and the workflow's push runs both use it."""
     from hypothesis import settings
 
-    from .engine.profiles import register_profiles
+    from ..engine.profiles import register_profiles
     monkeypatch.setenv("GDN_HYPOTHESIS_DB", "/tmp/gdn-shared-db")
     try:
         register_profiles()

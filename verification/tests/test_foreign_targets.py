@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from .engine import harness
-from .engine.registry import PROPERTIES
-from .properties import load_all
-from .targets import Target
-from .tolerance import CONTRACT_PRECISION
+from ..engine import harness
+from ..engine.registry import PROPERTIES
+from ..properties import load_all
+from ..targets import Target
+from ..tolerance import CONTRACT_PRECISION
 
 load_all()
 
@@ -29,7 +29,7 @@ FOREIGN_TARGETS = ("verification.fixture_kernels.foreign_targets.float32_only_sc
 BFLOAT16_ONLY = ("verification.fixture_kernels.foreign_targets.bf16_state_chunked",)
 EXAMPLES_PER_PROPERTY = 2
 # bfloat16 examples of a target declaring a compute precision, per property
-# (the explicit tests of its precision: verification/test_declared_precision.py)
+# (the explicit tests of its precision: verification/tests/test_declared_precision.py)
 BFLOAT16_EXAMPLES = 1
 
 

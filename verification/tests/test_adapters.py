@@ -21,7 +21,7 @@ from verification.targets import varlen
 from verification.targets.adapters import Conventions, recording_deviations
 from verification.targets.declaration import case_needs, unmet
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RNG = np.random.default_rng(0)
 B, T, HK, G, DK, DV = 2, 9, 1, 2, 4, 3
 HV = HK * G

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from strategies.inputs import DTYPES as CASE_DTYPES
 
-from .tolerance import DTYPES, TensorError, compare_self, compare_to_oracle, format_table
+from ..tolerance import DTYPES, TensorError, compare_self, compare_to_oracle, format_table
 
 SCALES = st.sampled_from((0.0, 1e-12, 1e-7, 1e-3, 1.0, 1e3))
 
@@ -43,7 +43,7 @@ def _row(name, rel, bound=2e-6, note=""):
 
 
 def test_a_declared_tolerance_holds_within_its_factor_and_fails_beyond():
-    from .tolerance import BEYOND_TOLERANCE, NON_FINITE, TOLERATED, at_declared_tolerance
+    from ..tolerance import BEYOND_TOLERANCE, NON_FINITE, TOLERATED, at_declared_tolerance
     rows = [_row("da_log", 3e-5), _row("da_log (split 1+15 vs one call)", 1e-4),
             _row("ddt_bias", 3e-5), _row("dx", 1e-6),
             TensorError("da_log", math.inf, math.inf, 2e-6, 2e-6, False, NON_FINITE),

@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from .plugin import long_running
+from ..plugin import long_running
 from .test_kernel_author import ROOT, _summary, installed_author
 
 LAYER = os.path.join(ROOT, "verification", "fixture_kernels", "author_fixture", "review_layer.py")

@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 
-from .engine import compile_cache
-from .mutants.runner import _env as mutant_env
+from ..engine import compile_cache
+from ..mutants.runner import _env as mutant_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # One process: the clean kernel's VJP program on a case, then (in-memory
 # caches dropped) the same program again, then a mutant's whose patch changes
@@ -85,7 +85,7 @@ def test_mutant_processes_read_the_cache_and_never_write_it(tmp_path, monkeypatc
 
 def test_the_header_names_the_cache_and_the_option_turns_it_off(tmp_path):
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only",
-            "verification/test_properties.py", "--gdn-target", "gdn_kernels:xla"]
+            "verification/tests/test_properties.py", "--gdn-target", "gdn_kernels:xla"]
     env = dict(os.environ, **{compile_cache.DIR_ENV: str(tmp_path)})
     on = subprocess.run(base + ["-p", "no:xdist"], capture_output=True, text=True, cwd=ROOT,
                         env=env, timeout=300)

@@ -13,13 +13,13 @@ import pytest
 
 from strategies.explicit import delta_case, mixer_case
 
-from .engine import harness
-from . import summary
-from .targets.declaration import KernelDeclaration, Supports
-from .properties import load_all
-from .engine.registry import PROPERTIES
-from .targets import Target
-from .tolerance import (DEVIATES, PRECISIONS, compare_handoff, compare_self, compare_to_oracle,
+from ..engine import harness
+from .. import summary
+from ..targets.declaration import KernelDeclaration, Supports
+from ..properties import load_all
+from ..engine.registry import PROPERTIES
+from ..targets import Target
+from ..tolerance import (DEVIATES, PRECISIONS, compare_handoff, compare_self, compare_to_oracle,
                         declared_precision)
 
 load_all()

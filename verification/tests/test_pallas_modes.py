@@ -36,11 +36,11 @@ from gdn_kernels import delta_rule, interpret, pallas_impl, segments
 from strategies import explicit, segment_ids_of
 from strategies.cases import replace
 
-from .engine import runners
-from .properties.parity import delta_rule_gradient_parity, mixer_gradient_parity
-from .engine.registry import conclude
-from .targets import Target
-from .tolerance import DTYPES, bounded, compare_self
+from ..engine import runners
+from ..properties.parity import delta_rule_gradient_parity, mixer_gradient_parity
+from ..engine.registry import conclude
+from ..targets import Target
+from ..tolerance import DTYPES, bounded, compare_self
 
 PALLAS, XLA = Target.parse("gdn_kernels:pallas"), Target.parse("gdn_kernels:xla")
 CASES = explicit.DELTA_CASES + explicit.MIXER_CASES + explicit.PACKED_CASES

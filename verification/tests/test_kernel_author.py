@@ -16,11 +16,11 @@ import sys
 
 import pytest
 
-from .cli import AUTO_JOBS_ENV
-from .plugin import long_running
-from .properties import load_all
+from ..cli import AUTO_JOBS_ENV
+from ..plugin import long_running
+from ..properties import load_all
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURE = os.path.join(ROOT, "verification", "fixture_kernels", "author_fixture", "my_kernels.py")
 REPO_PLACEHOLDER = "/path/to/gdn-verify"
 # Examples per property for the scenario's runs (GDN_EXAMPLES): every

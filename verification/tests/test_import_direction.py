@@ -6,13 +6,13 @@ Every import of every module of the four packages (the ones inside
 functions too, which hide circles from a reader) is read from the source:
 no module imports a package to its right, and the imports between modules
 form no circle. Test modules (test_*.py) may import any package: they
-verify all of them (verification/test_bench_smoke.py runs the benchmarks)."""
+verify all of them (verification/tests/test_bench_smoke.py runs the benchmarks)."""
 
 import ast
 import os
 from typing import Dict, List, Set
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("gdn_kernels", "strategies", "verification", "benchmarks")
 
 

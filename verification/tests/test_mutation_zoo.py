@@ -12,12 +12,12 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from .engine import claims, counterexamples, harness, mesh_worker
-from .cli import replay
-from .mutants import MUTANTS, PatchError, apply_patch, changed_functions, mutated_source
-from .engine.registry import FAMILIES, PROPERTIES, PropertyFailure
-from .properties import load_all
-from .targets import DEFAULT_TARGET, Target
+from ..engine import claims, counterexamples, harness, mesh_worker
+from ..cli import replay
+from ..mutants import MUTANTS, PatchError, apply_patch, changed_functions, mutated_source
+from ..engine.registry import FAMILIES, PROPERTIES, PropertyFailure
+from ..properties import load_all
+from ..targets import DEFAULT_TARGET, Target
 
 load_all()
 
@@ -187,8 +187,8 @@ def test_split_kind_mutants_are_killed_in_the_dev_loop(name, tmp_path):
     import json
     import subprocess
     import sys
-    from .mutants import materialize
-    from .mutants.runner import PROPERTY_TESTS, _env, _killer
+    from ..mutants import materialize
+    from ..mutants.runner import PROPERTY_TESTS, _env, _killer
     stats_file = str(tmp_path / "stats.json")
     env = _env(str(tmp_path), stats_file)
     env.update(GDN_PROFILE="dev", GDN_HYPOTHESIS_DB=str(tmp_path / "db"))
@@ -208,7 +208,7 @@ def test_two_failure_classes_in_two_pinned_examples_are_both_reported():
     strong decay after token 16): both run, whatever the first found; each
     failure is recorded with its class and its case; the summary lists both."""
     from strategies.explicit import delta_case
-    from .summary import failure_class_lines
+    from ..summary import failure_class_lines
     prop = "delta_rule_gradient_parity"
     cases = (delta_case("plain", 1, 33, 16, seed=3, gate_regime="strong_decay"),
              delta_case("plain", 1, 33, 16, seed=4, dtype="bfloat16"))
@@ -247,7 +247,7 @@ def test_a_mutated_kernel_is_another_program_for_the_compile_cache():
     import numpy as np
 
     import gdn_kernels
-    from .mutants import materialize
+    from ..mutants import materialize
 
     mutant = importlib.import_module(materialize("no_decay_between_chunks"))
     rng = np.random.default_rng(0)
@@ -265,7 +265,7 @@ def test_a_mutated_kernel_is_another_program_for_the_compile_cache():
 
 
 def test_a_kill_without_its_killing_example_fails_the_baseline(tmp_path):
-    from .mutants.runner import SessionWorker, replay_killing_examples
+    from ..mutants.runner import SessionWorker, replay_killing_examples
     record = {"mutant": "no_decay_between_chunks", "impl": "xla", "killed": True,
               "killing_example": None}
     baseline = replay_killing_examples([record], [SessionWorker(None, str(tmp_path))])
@@ -281,8 +281,8 @@ def test_sessions_in_one_worker_kill_as_fresh_processes_do(tmp_path):
     import json
     import subprocess
     import sys
-    from .mutants import materialize
-    from .mutants.runner import (PROFILE, PROPERTY_TESTS, SessionWorker, _env, _killer,
+    from ..mutants import materialize
+    from ..mutants.runner import (PROFILE, PROPERTY_TESTS, SessionWorker, _env, _killer,
                                  replay_killing_examples, run_suite_process)
     worker = SessionWorker(None, str(tmp_path))
     cases = [("l2norm_bwd_eps_1e12", "near_zero_rows_vjp_parity"),

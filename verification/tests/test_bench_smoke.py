@@ -11,9 +11,9 @@ import resource
 import subprocess
 import sys
 
-from .cli import AUTO_JOBS_ENV
+from ..cli import AUTO_JOBS_ENV
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_quick_ladder_writes_json_and_markdown(tmp_path):

@@ -22,7 +22,7 @@ from verification.plugin import long_running
 WRONG = "verification.fixture_kernels.wrong_targets.nondeterministic"
 # determinism fails on this target; the others pass (four tests: no shard of three is empty)
 PROPERTIES = "determinism,causality,batch_independence,split_invariance"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(tmp_path, name, extra, profile="ci", properties=PROPERTIES):
@@ -41,7 +41,7 @@ def _run(tmp_path, name, extra, profile="ci", properties=PROPERTIES):
         env["GDN_HYPOTHESIS_DB"] = str(tmp_path / f"{name}-examples")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "gdn_verify", "-q",
-         "-p", "no:cacheprovider", "verification/test_properties.py",
+         "-p", "no:cacheprovider", "verification/tests/test_properties.py",
          "--gdn-target", WRONG, "--gdn-properties", properties, *extra],
         env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     return proc, json.loads(stats.read_text())
@@ -104,7 +104,7 @@ def test_shard_reports_merge_to_the_unsharded_verdicts(serial, tmp_path):
 def test_bad_shard_option_is_a_usage_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "gdn_verify", "-q",
                            "-p", "no:cacheprovider", "--collect-only",
-                           "verification/test_tolerance.py", "--gdn-shard", "4/3"],
+                           "verification/tests/test_tolerance.py", "--gdn-shard", "4/3"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 4 and "--gdn-shard" in proc.stderr + proc.stdout
 

@@ -16,7 +16,7 @@ import gdn_kernels
 from gdn_kernels.backends import BACKENDS, CHUNKED
 from gdn_kernels.validation import IMPLS
 
-from .mutants import MUTANTS
+from ..mutants import MUTANTS
 
 TOY_MODULE = '''"""A toy backend: the token-by-token path at every length."""
 from .recurrent_impl import backward, forward  # noqa: F401

@@ -12,9 +12,9 @@ from strategies.explicit import delta_case, mixer_case
 from strategies.mesh import MESH_DEVICES, MESH_KINDS, fit_case
 from strategies.shapes import HeadLayout
 
-from .properties.sharding import (Collective, allowed_collectives, collectives,
+from ..properties.sharding import (Collective, allowed_collectives, collectives,
                                   communication_fault, moved_axes)
-from .targets import Target
+from ..targets import Target
 
 
 def test_sharded_target_spec_round_trips():

@@ -14,7 +14,7 @@ import pytest
 from verification.engine import compile_settings as cs
 from verification.tolerance import DTYPES
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_flags_are_added_once_and_keep_the_users_own():

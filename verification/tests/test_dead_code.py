@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from typing import Dict, Iterator, List, Set, Tuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("gdn_kernels", "strategies", "verification", "benchmarks")
 # Text files that can name a function: sources, configuration, docs, scripts.
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".cfg", ".ini", ".yml", ".yaml", ".sh", ".txt"}
