@@ -150,3 +150,22 @@ def test_the_engine_never_imports_a_front_end():
     assert "verification.engine.harness" in inner
     outward = sorted((a, b) for a in inner for b in graph[a] if b in FRONT_ENDS)
     assert not outward, outward
+
+
+# The suite's top level: its few front-end modules beside the rooms (engine,
+# targets, properties, mutants, fixture_kernels, tests).
+MAX_TOP_LEVEL_MODULES = 10
+
+
+def test_the_suite_is_grouped_by_role():
+    """verification/ holds a few modules beside its subpackages, no test
+    module among them; every fixture kernel lives under fixture_kernels/."""
+    suite = os.path.join(ROOT, "verification")
+    top = sorted(f for f in os.listdir(suite) if f.endswith(".py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES and not any(
+        f.startswith("test_") for f in top), top
+    rooms = {f for f in os.listdir(suite) if os.path.isfile(os.path.join(suite, f, "__init__.py"))}
+    assert {"engine", "targets", "properties", "mutants", "fixture_kernels", "tests"} <= rooms
+    assert not rooms & {"wrong_targets", "foreign_targets", "convention_fixtures",
+                        "author_fixture"}, rooms
+
