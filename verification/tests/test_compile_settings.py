@@ -5,6 +5,7 @@ of the tolerance policy."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,20 @@ from verification.engine import compile_settings as cs
 from verification.tolerance import DTYPES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_the_installable_jax_is_the_one_the_settings_were_verified_on():
+    """pyproject's jax / jaxlib ranges admit exactly the release series
+    VERIFIED_JAXLIB names: a fresh install never resolves a jaxlib the
+    settings were not checked on (it would run the suite without them)."""
+    with open(os.path.join(REPO, "pyproject.toml")) as f:
+        text = f.read()
+    for dep in ("jax", "jaxlib", "jax[tpu]"):
+        low_major, low_minor, high_major, high_minor = map(int, re.search(
+            rf'"{re.escape(dep)}>=(\d+)\.(\d+)\.\d+,<(\d+)\.(\d+)"', text).groups())
+        assert low_major == high_major == 0, dep
+        series = {f"0.{minor}." for minor in range(low_minor, high_minor)}
+        assert series == set(cs.VERIFIED_JAXLIB), (dep, series)
 
 
 def test_flags_are_added_once_and_keep_the_users_own():
