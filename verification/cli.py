@@ -54,7 +54,7 @@ SHARED = {"target": ("run", "replay"), "profile": ("run",), "seed": ("run",),
 PYTEST_VALUED = {"target": "--gdn-target", "profile": "--hypothesis-profile",
                  "seed": "--hypothesis-seed", "examples": "--gdn-examples",
                  "properties": "--gdn-properties", "known_failures": "--gdn-known-failures",
-                 "junit_xml": "--junitxml"}
+                 "junit_xml": "--junitxml", "json": "--gdn-report"}
 PYTEST_FLAGS = {"strict": "--gdn-strict", "no_compile_cache": "--gdn-no-compile-cache"}
 
 
@@ -87,7 +87,7 @@ def run_suite(args: dict, extra: List[str]) -> int:
     if args.get("profile"):
         os.environ["GDN_PROFILE"] = args["profile"]
     if args.get("json"):
-        os.environ["GDN_STATS_FILE"] = os.path.abspath(args["json"])
+        args = dict(args, json=os.path.abspath(args["json"]))
     if not args.get("target") and not os.environ.get("GDN_TARGET"):
         args = dict(args, target=_default_target())
     code = pytest.main(_suite_args(args) + extra)
@@ -257,6 +257,20 @@ def merge_reports(files: List[str], report_dir: str) -> int:
 
 
 # ------------------------------------------------------------------ parsing
+def version_text() -> str:
+    """gdn-verify's installed version and those of what decides its runs."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+    deps = ", ".join(f"{name} {of(name)}" for name in ("jax", "jaxlib", "hypothesis", "pytest"))
+    return f"gdn-verify {of('gdn-verify')} ({deps})"
+
+
+
 def _shared_options(parser, suppress: bool) -> None:
     """The shared options; suppress: leave them out of the namespace unless
     given (a subcommand's parser must not overwrite the main parser's)."""
@@ -296,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-verify", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _shared_options(parser, suppress=False)
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="the installed gdn-verify, and the jax, jaxlib, Hypothesis and "
+                             "pytest it runs with")
     sub = parser.add_subparsers(dest="command")
     _shared_options(sub.add_parser("run", help="run the suite (default)"), suppress=True)
     _shared_options(sub.add_parser("list", help="list properties and mutants"), suppress=True)

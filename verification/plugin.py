@@ -36,6 +36,16 @@ LONG_MARKER = "long_running"       # tests sorted first (see pytest_collection_m
 long_running = getattr(pytest.mark, LONG_MARKER)       # the self-tests' decorator
 
 
+REPORT_OPTION, REPORT_ENV = "--gdn-report", "GDN_STATS_FILE"
+
+
+def report_path(config):
+    """Where the JSON report goes (--gdn-report, else GDN_STATS_FILE; a
+    relative path from where pytest was started), or None."""
+    path = config.getoption(REPORT_OPTION, default=None) or os.environ.get(REPORT_ENV)
+    return os.path.join(str(config.invocation_params.dir), path) if path else None
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("gdn-verify", "GDN kernel verification (active with a target)")
     group.addoption(TARGET_OPTION, default=None, metavar="MODULE[:IMPL]",
@@ -65,6 +75,9 @@ def pytest_addoption(parser):
                     help="run only shard I of N (1-based) of the selected tests: a stable "
                          "split by test id, for CI jobs whose reports `gdn-verify "
                          "merge-reports` joins")
+    group.addoption(REPORT_OPTION, default=None, metavar="FILE",
+                    help=f"write the run's JSON report here: verdicts and per-property "
+                         f"statistics (env {REPORT_ENV}, an alias)")
     parser.addini(TARGET_INI, "the kernel module the gdn-verify suite runs on "
                               "(activates the suite)", default=None)
 
@@ -215,7 +228,7 @@ class Recording:
     """What each test leaves: its property's statistics (carried from a
     pytest-xdist worker in its report), a counterexample file per failure
     class, a progress line, the seconds and compiles of the run, and the
-    JSON report (GDN_STATS_FILE)."""
+    JSON report (--gdn-report, or GDN_STATS_FILE)."""
 
     def __init__(self, run: SuiteRun):
         self.run = run
@@ -289,7 +302,7 @@ class Recording:
             workeroutput["gdn_compiles"] = str(run.total_compiles())
             workeroutput["gdn_cache_hits"] = str(run.cache_hits())
             return
-        path = os.environ.get("GDN_STATS_FILE")
+        path = report_path(run.config)
         if path:
             with open(path, "w") as f:
                 json.dump({"exitstatus": int(exitstatus), "target": run.target.spec,

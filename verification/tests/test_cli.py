@@ -99,6 +99,35 @@ def test_junit_xml_json_report_and_seed(tmp_path):
         "delta_rule_forward_parity": "held", "split_invariance": "held"}
 
 
+def test_the_json_report_is_a_pytest_option_and_the_variable_its_alias(tmp_path):
+    """pytest --gdn-report=FILE writes the report (a relative path from where
+    pytest was started); GDN_STATS_FILE still does, when no option is given."""
+    for how in ("option", "variable"):
+        report = tmp_path / f"{how}.json"
+        env = {k: v for k, v in os.environ.items() if k != "GDN_STATS_FILE"}
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                "--gdn-target", SCAN, "--gdn-properties", "determinism", "--gdn-examples", "1"]
+        if how == "option":
+            args.append(f"--gdn-report={os.path.relpath(report, ROOT)}")
+        else:
+            env["GDN_STATS_FILE"] = str(report)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                              env=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        data = json.loads(report.read_text())
+        assert data["target"] == SCAN and data["properties"]["determinism"]["verdict"] == "held"
+
+
+def test_version_names_gdn_verify_and_what_decides_its_runs():
+    proc = subprocess.run([sys.executable, "-m", "verification.cli", "--version"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert words[0] == "gdn-verify" and words[1][0].isdigit(), proc.stdout
+    for dep in ("jax", "jaxlib", "hypothesis", "pytest"):
+        assert f"{dep} " in proc.stdout, proc.stdout
+
+
 # --------------------------------------------------------------- replay
 PROBE = '''
 import os
