@@ -174,10 +174,18 @@ PROFILE_COVERING = {"dev": "values", "ci": "pairs", "kill": "pairs", "nightly": 
                     "repro": "pairs"}
 
 
+def suite_profile(name: Optional[str]) -> Optional[str]:
+    """The suite profile a loaded Hypothesis profile is: its name without the
+    "-with-..." that Hypothesis's pytest plugin appends to the copy it loads
+    for --hypothesis-verbosity or --hypothesis-explain."""
+    return name.split("-with-", 1)[0] if name else name
+
+
 def current_covering() -> str:
-    """The covering of the Hypothesis profile now loaded."""
+    """The covering of the Hypothesis profile now loaded (a verbosity or
+    explain copy of a profile: that profile's)."""
     from hypothesis import settings
-    return PROFILE_COVERING.get(settings.get_current_profile_name(), "pairs")
+    return PROFILE_COVERING.get(suite_profile(settings.get_current_profile_name()), "pairs")
 
 
 @functools.lru_cache(maxsize=None)

@@ -374,8 +374,8 @@ def hypothesis_test(p: Property):
             failures = (run_pinned(p, gdn_target, p.examples + plan.cases, stats, stop_at_first)
                         if Phase.explicit in phases else [])
             if not (failures and stop_at_first):
-                charged = (len(plan.cases) if settings.get_current_profile_name()
-                           in CLAIM_CASES_IN_BUDGET else 0)
+                charged = (len(plan.cases) if lattice.suite_profile(
+                    settings.get_current_profile_name()) in CLAIM_CASES_IN_BUDGET else 0)
                 given_test = examples(p.weight, charged)(given(case=p.strategy)(test))
                 try:
                     given_test(gdn_target)

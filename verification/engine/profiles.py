@@ -21,7 +21,12 @@ kill     the mutation runner's: ci's examples, derandomized, no database,
          and no shrinking. A mutant's run stops at its first failing example
          (examples to kill is counted there); shrinking that failure would
          only rerun the broken kernel on smaller cases, each a new compile.
-Selected by --hypothesis-profile NAME or the GDN_PROFILE environment variable.
+Selected by --hypothesis-profile NAME or the GDN_PROFILE environment variable;
+where neither names one, ci where the CI environment variable is set (as
+Hypothesis itself loads its "ci" profile there), else dev. Hypothesis's
+pytest options that change a loaded profile (--hypothesis-verbosity,
+--hypothesis-explain) load a copy named "<profile>-with-...": the suite
+reads the profile it derives from (strategies.lattice.suite_profile).
 
 The draws depend on the profile, the property, the target's declaration and
 the Hypothesis version (pinned in pyproject.toml), never on the process that
@@ -158,8 +163,21 @@ def register_profiles(examples: Optional[int] = None) -> None:
         phases=[Phase.explicit, Phase.generate])
 
 
+# Where the environment says it is CI and names no profile, the gate's
+# derandomized profile, as Hypothesis itself loads its "ci" profile there.
+CI_ENV_VAR, CI_PROFILE = "CI", "ci"
+
+
+def default_profile() -> str:
+    """The profile a run that names none loads: ci where the CI variable is
+    set (Hypothesis's own rule for its "ci" profile), else dev."""
+    return CI_PROFILE if CI_ENV_VAR in os.environ else DEFAULT
+
+
 def selected_profile() -> str:
-    name = os.environ.get(ENV_VAR, DEFAULT)
+    """GDN_PROFILE, else default_profile() (--hypothesis-profile, read by
+    Hypothesis's pytest plugin after this one, names one over both)."""
+    name = os.environ.get(ENV_VAR) or default_profile()
     if name not in PROFILES:
         raise ValueError(f"{ENV_VAR} must be one of {PROFILES}, got {name!r}")
     return name

@@ -118,6 +118,41 @@ def test_the_json_report_is_a_pytest_option_and_the_variable_its_alias(tmp_path)
         assert data["target"] == SCAN and data["properties"]["determinism"]["verdict"] == "held"
 
 
+@pytest.mark.parametrize("ci, profile", [("true", "ci"), (None, "dev")])
+def test_ci_set_and_no_profile_named_loads_the_ci_profile(ci, profile):
+    """As Hypothesis itself loads its "ci" profile where CI is set, a run
+    that names no profile loads the suite's derandomized ci profile there."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GDN_PROFILE", "CI")}
+    if ci:
+        env["CI"] = ci
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           "--gdn-target", SCAN, "--gdn-properties", "determinism",
+                           "--gdn-examples", "1"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"profile={profile} " in proc.stdout, proc.stdout[:2000]
+    assert f"derandomize={profile == 'ci'}" in proc.stdout, proc.stdout[:2000]
+
+
+@pytest.mark.parametrize("option, suffix", [("--hypothesis-verbosity=verbose",
+                                             "-with-verbose-verbosity"),
+                                            ("--hypothesis-explain", "-with-explain-phase")])
+def test_hypothesis_options_keep_the_profiles_covering(option, suffix):
+    """Hypothesis's pytest plugin loads a renamed copy of the profile for
+    these options; the lattice still draws that profile's covering."""
+    from hypothesis import settings
+    from strategies import lattice
+    before = settings.get_current_profile_name()
+    for name, covering in lattice.PROFILE_COVERING.items():
+        copy = name + suffix
+        settings.register_profile(copy, settings.get_profile(name))
+        settings.load_profile(copy)
+        try:
+            assert lattice.current_covering() == covering, (option, copy)
+        finally:
+            settings.load_profile(before)
+
+
 def test_version_names_gdn_verify_and_what_decides_its_runs():
     proc = subprocess.run([sys.executable, "-m", "verification.cli", "--version"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
