@@ -62,14 +62,19 @@ else
     suite_req="$suite"
 fi
 python -m pip install --quiet --upgrade pip >/dev/null
-python -m pip install --quiet "$suite_req" || { echo "gdn-verify-gate: cannot install $suite" >&2; exit 3; }
+# the Hypothesis release the suite's derandomized draws are measured with
+# (constraints.txt beside this script's checkout of the suite)
+constraints="$(cd "$(dirname "$0")/.." && pwd)/constraints.txt"
+pins=()
+[ -f "$constraints" ] && pins=(-c "$constraints")
+python -m pip install --quiet ${pins[@]+"${pins[@]}"} "$suite_req" || { echo "gdn-verify-gate: cannot install $suite" >&2; exit 3; }
 if [ -n "$requirements" ]; then
     # word splitting intended: pip arguments
     # shellcheck disable=SC2086
-    python -m pip install --quiet $requirements || { echo "gdn-verify-gate: cannot install $requirements" >&2; exit 3; }
+    python -m pip install --quiet ${pins[@]+"${pins[@]}"} $requirements || { echo "gdn-verify-gate: cannot install $requirements" >&2; exit 3; }
 fi
 if [ -f pyproject.toml ] || [ -f setup.py ]; then
-    python -m pip install --quiet -e . || { echo "gdn-verify-gate: cannot install this project" >&2; exit 3; }
+    python -m pip install --quiet ${pins[@]+"${pins[@]}"} -e . || { echo "gdn-verify-gate: cannot install this project" >&2; exit 3; }
 fi
 
 # --- the gate ---------------------------------------------------------------

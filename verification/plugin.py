@@ -191,6 +191,7 @@ class Collection:
 
     def pytest_report_header(self, config):
         from hypothesis import settings
+        from .engine.profiles import hypothesis_note
         from .summary import factors_text, shape_budget_line
         run, s = self.run, settings()
         return [f"gdn-verify: target={run.target.spec} profile={run.profile_name()} "
@@ -199,6 +200,7 @@ class Collection:
                 f"gdn-verify: {run.compile_settings}",
                 f"gdn-verify: {run.compile_cache}",
                 f"gdn-verify: {shape_budget_line()}"] + [
+                    f"gdn-verify: {line}" for line in (hypothesis_note(),) if line] + [
                     f"gdn-verify: adapter: {line}"
                     for line in run.target.declaration.conventions] + (
                     [f"gdn-verify: declared tolerance (x the policy's bound): "
