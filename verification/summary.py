@@ -198,6 +198,7 @@ def deviating_tensors(stats) -> list:
 def verdict_lines(suite, stats) -> list:
     """The summary's last lines: what was verified, on what, said plainly."""
     from .engine import harness
+    from .engine.profiles import hypothesis_note
     from .tolerance import CONTRACT_PRECISION
     by = {}
     for name, st in stats.items():
@@ -212,6 +213,7 @@ def verdict_lines(suite, stats) -> list:
              + (f", {examples / compiles:.2f} examples per program" if compiles else "")
              + f", {time.perf_counter() - suite.start:.0f} s"]
     lines += [f"  adapter: {line}" for line in suite.target.declaration.conventions]
+    lines += [f"  {line}" for line in (hypothesis_note(),) if line]
     held = by.get(harness.HELD, [])
     precision = suite.target.declaration.supports.compute_precision
     lines.append(f"  held on the target: {len(held)} properties"

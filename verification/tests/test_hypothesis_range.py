@@ -72,5 +72,7 @@ def test_the_suite_runs_on_both_ends_of_its_hypothesis_range(end, tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-2000:]
     assert "2 passed" in out and "FAILED: 0" in out, out[-3000:]
-    note = f"gdn-verify: Hypothesis {version}: the gate's draws are measured with"
-    assert (note in out) == (version != GATE_HYPOTHESIS), out[:3000]
+    note = f"Hypothesis {version}: the gate's draws are measured with"
+    other = version != GATE_HYPOTHESIS
+    assert (f"gdn-verify: {note}" in out) == other, out[:3000]      # the header
+    assert (f"\n  {note}" in out) == other, out[-3000:]            # the verdict lines
