@@ -230,7 +230,7 @@ def replay_all(paths: List[str], target: Optional[str], module: Optional[str] = 
     if len(groups) > 1:
         failing = []
         for path in paths:
-            cmd = [sys.executable, "-m", "verification.cli", "replay", path]
+            cmd = [sys.executable, "-m", "gdn_verify.run", "verification.cli", "replay", path]
             cmd += (["--target", target] if target else []) + (["--module", module]
                                                                if module else [])
             if subprocess.run(cmd).returncode:
@@ -342,7 +342,8 @@ def bench_command(bench_args: List[str]) -> int:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    code = subprocess.call([sys.executable, "-m", "benchmarks", *bench_args], env=env)
+    code = subprocess.call([sys.executable, "-m", "gdn_verify.run", "benchmarks", *bench_args],
+                           env=env)
     return code if code >= 0 else 128 - code
 
 

@@ -1,21 +1,16 @@
-"""The suite's pytest plugin, installed under the `pytest11` entry point
-`gdn_verify`.
+"""The suite's pytest plugin: the run on a target, its hooks by role
+(SuiteRun, Collection, Recording, Summary) and the fixtures.
 
-Inert unless asked for: in a test session that names no target it adds its
-command-line options and nothing else (no environment, XLA flag or
-Hypothesis profile change, no test of ours collected). It becomes active
-with a target, from (first found)
-
-  --gdn-target MODULE[:IMPL][@AXIS=N,...]   the GDN_TARGET environment variable
-  gdn_target = ...                          in the pytest ini file (this repository's
-                                            pyproject.toml: gdn_kernels:pallas)
-
-and then runs the suite on it from any directory: the invocation directory
-is importable (as under `python -m pytest`), the suite's compile settings
-and Hypothesis profiles apply, and with no test paths given the suite's
-tests are collected: the properties for any target, plus this
-repository's self-tests for gdn_kernels targets (--gdn-scope). A target
-that cannot be imported or resolved is a usage error (exit 4).
+Activated by the pytest11 entry point `gdn_verify` (gdn_verify/pytest_plugin.py,
+which declares the options and imports nothing of the suite until a target
+is named: --gdn-target, GDN_TARGET, or `gdn_target` in the ini file; this
+repository's pyproject.toml names gdn_kernels:pallas). It then runs the
+suite on the target from any directory: the invocation directory is
+importable (as under `python -m pytest`), the suite's compile settings and
+Hypothesis profiles apply, and with no test paths given the suite's tests
+are collected: the properties for any target, plus this repository's
+self-tests for gdn_kernels targets (--gdn-scope). A target that cannot be
+imported or resolved is a usage error (exit 4).
 """
 
 from __future__ import annotations
@@ -26,79 +21,26 @@ import time
 
 import pytest
 
-TARGET_OPTION, TARGET_INI, TARGET_ENV = "--gdn-target", "gdn_target", "GDN_TARGET"
-SCOPES = ("properties", "all")
+from gdn_verify.pytest_plugin import EXAMPLES_ENV, TARGET_ENV, report_path
+
 SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 PROPERTY_TESTS = os.path.join(SUITE_DIR, "tests", "test_properties.py")
 STATS_KEY = "gdn_property_stats"
-EXAMPLES_ENV = "GDN_EXAMPLES"      # the same as --gdn-examples
 LONG_MARKER = "long_running"       # tests sorted first (see pytest_collection_modifyitems)
 long_running = getattr(pytest.mark, LONG_MARKER)       # the self-tests' decorator
 
 
-REPORT_OPTION, REPORT_ENV = "--gdn-report", "GDN_STATS_FILE"
-
-
-def report_path(config):
-    """Where the JSON report goes (--gdn-report, else GDN_STATS_FILE; a
-    relative path from where pytest was started), or None."""
-    path = config.getoption(REPORT_OPTION, default=None) or os.environ.get(REPORT_ENV)
-    return os.path.join(str(config.invocation_params.dir), path) if path else None
-
-
-def pytest_addoption(parser):
-    group = parser.getgroup("gdn-verify", "GDN kernel verification (active with a target)")
-    group.addoption(TARGET_OPTION, default=None, metavar="MODULE[:IMPL]",
-                    help=f"verify this kernel module (env {TARGET_ENV}; ini {TARGET_INI}); "
-                         "without a target the plugin does nothing")
-    group.addoption("--gdn-properties", default=None, metavar="ID[,ID...]",
-                    help="run only these registered properties (by id; 'all' = every "
-                         "property, no other test; 'sharded-subset' = those declared "
-                         "on_sharded_target)")
-    group.addoption("--gdn-scope", default=None, choices=SCOPES,
-                    help="what runs: the properties, or all tests including this "
-                         "repository's self-tests (default: all for gdn_kernels targets, "
-                         "properties for any other)")
-    group.addoption("--gdn-strict", action="store_true", default=False,
-                    help="a property that cannot check an example on the target fails "
-                         "instead of reporting 'not checkable'")
-    group.addoption("--gdn-known-failures", default=None, metavar="FILE",
-                    help="known failures of a partial implementation (property | tensor "
-                         "| reason a line): XFAIL; one that passes is XPASS and fails")
-    group.addoption("--gdn-examples", default=None, type=int, metavar="N",
-                    help="examples per property (before its weight) instead of the "
-                         f"profile's (env {EXAMPLES_ENV})")
-    group.addoption("--gdn-no-compile-cache", action="store_true", default=False,
-                    help="do not use the persistent compilation cache (default: on, in "
-                         "JAX_COMPILATION_CACHE_DIR or <user cache>/gdn-verify/jax)")
-    group.addoption("--gdn-shard", default=None, metavar="I/N",
-                    help="run only shard I of N (1-based) of the selected tests: a stable "
-                         "split by test id, for CI jobs whose reports `gdn-verify "
-                         "merge-reports` joins")
-    group.addoption(REPORT_OPTION, default=None, metavar="FILE",
-                    help=f"write the run's JSON report here: verdicts and per-property "
-                         f"statistics (env {REPORT_ENV}, an alias)")
-    parser.addini(TARGET_INI, "the kernel module the gdn-verify suite runs on "
-                              "(activates the suite)", default=None)
-
-
-def requested_target(config):
-    """The target spec this session asks for, or None (the plugin stays inert)."""
-    return (config.getoption(TARGET_OPTION, default=None) or os.environ.get(TARGET_ENV)
-            or config.getini(TARGET_INI) or None)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config):
-    spec = requested_target(config)
-    if spec:
-        from . import fixtures
-        run = SuiteRun(config, spec)
-        config.pluginmanager.register(run, fixtures.RUN_PLUGIN)
-        config.pluginmanager.register(Collection(run), "gdn_verify_collection")
-        config.pluginmanager.register(Recording(run), "gdn_verify_recording")
-        config.pluginmanager.register(Summary(run), "gdn_verify_summary")
-        config.pluginmanager.register(fixtures, "gdn_verify_fixtures")
+def activate(config, spec: str) -> None:
+    """The suite's run on target `spec` in this pytest session (called by
+    the entry point, gdn_verify.pytest_plugin, once a target is named): its
+    hooks by role, and the fixtures."""
+    from . import fixtures
+    run = SuiteRun(config, spec)
+    config.pluginmanager.register(run, fixtures.RUN_PLUGIN)
+    config.pluginmanager.register(Collection(run), "gdn_verify_collection")
+    config.pluginmanager.register(Recording(run), "gdn_verify_recording")
+    config.pluginmanager.register(Summary(run), "gdn_verify_summary")
+    config.pluginmanager.register(fixtures, "gdn_verify_fixtures")
 
 
 class SuiteRun:

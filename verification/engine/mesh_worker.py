@@ -83,7 +83,8 @@ def _worker(devices: int) -> subprocess.Popen:
     env = dict(os.environ, GDN_MUTANT_DIR=mutant_root(),
                XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
                           f" --xla_force_host_platform_device_count={devices}").strip())
-    proc = subprocess.Popen([sys.executable, "-m", "verification.engine.mesh_worker"],
+    proc = subprocess.Popen([sys.executable, "-m", "gdn_verify.run",
+                             "verification.engine.mesh_worker"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                             text=True, bufsize=1)
     _WORKERS[devices] = proc

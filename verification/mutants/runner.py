@@ -92,7 +92,8 @@ class SessionWorker:
             self.log.close()                 # the log of a process that died
         self.log = tempfile.NamedTemporaryFile("w+", dir=self.log_dir, suffix=".log",
                                                delete=False)
-        self.proc = subprocess.Popen([sys.executable, "-m", "verification.mutants.worker"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "gdn_verify.run",
+                                      "verification.mutants.worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, env=env, cwd=os.getcwd())
 
