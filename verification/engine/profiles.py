@@ -101,8 +101,8 @@ def freeze_local_constants() -> None:
     the process has loaded new modules: it is replaced by an empty pool
     whose union is itself, and the cache of constants already admitted per
     draw kind is cleared. Idempotent; raises RuntimeError naming what is
-    missing if this Hypothesis keeps its pool elsewhere (the version pinned
-    in pyproject.toml is the one this was written and tested against)."""
+    missing if this Hypothesis keeps its pool elsewhere (both ends of
+    pyproject.toml's range are run by verification/tests/test_hypothesis_range.py)."""
     try:
         from hypothesis.internal.conjecture import providers
         from hypothesis.internal.constants_ast import Constants
@@ -112,7 +112,8 @@ def freeze_local_constants() -> None:
         raise RuntimeError(
             f"gdn-verify cannot keep Hypothesis {hypothesis.__version__}'s local-constant "
             f"pool empty ({err}); its derandomized draws would depend on the process's "
-            "history: install the version pyproject.toml pins") from None
+            f"history: install a Hypothesis of the range pyproject.toml allows (the gate's "
+            f"is {GATE_HYPOTHESIS}, constraints.txt)") from None
     if not getattr(providers._local_constants, "frozen_empty", False):
         class FrozenEmptyConstants(Constants):
             """No constants, and a union with more is still none."""

@@ -95,12 +95,13 @@ def markdown(report: dict) -> str:
                    if report.get("missing") else "")
         return (table.rstrip() + f"\n\n{missing}{'PASS' if report['passed'] else 'FAIL'}: "
                 f"{report['shards']} shard(s); {report['summary']}")
-    lines = ["| property | examples | failures | compiles | compile s | seconds | worst ratio |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| property | verdict | examples | failures | compiles | compile s | seconds | "
+             "worst ratio |", "|---|---|---|---|---|---|---|---|"]
     for name, st in sorted(report["properties"].items()):
         rows = [TensorError(**r) for r in st.get("worst", ())]
         worst = max((r.ratio for r in rows), default=0.0)
-        lines.append(f"| {name} | {st['examples']} | {st['failures']} | {st['compiles']} | "
+        lines.append(f"| {name} | {st.get('verdict') or '-'} | {st['examples']} | "
+                     f"{st['failures']} | {st['compiles']} | "
                      f"{st.get('compile_s', 0.0):.1f} | "
                      f"{st['seconds']:.1f} | {worst:.2f} |")
     failed = [n for n, st in report["properties"].items() if st["failures"]]

@@ -76,3 +76,32 @@ def test_the_suite_runs_on_both_ends_of_its_hypothesis_range(end, tmp_path):
     other = version != GATE_HYPOTHESIS
     assert (f"gdn-verify: {note}" in out) == other, out[:3000]      # the header
     assert (f"\n  {note}" in out) == other, out[-3000:]            # the verdict lines
+
+
+@pytest.mark.parametrize("moved", ("_local_constants", "CONSTANTS_CACHE"))
+def test_a_hypothesis_that_keeps_its_constant_pool_elsewhere_fails_clearly(moved, monkeypatch):
+    """freeze_local_constants reaches into Hypothesis's private state (the
+    pool of constants read from loaded modules, which made derandomized
+    draws depend on the process's history): a release that keeps it
+    elsewhere raises, naming what is missing and what to install, rather
+    than letting the history dependence back in silently."""
+    from hypothesis.internal.conjecture import providers
+
+    from ..engine.profiles import freeze_local_constants
+    monkeypatch.delattr(providers, moved)
+    with pytest.raises(RuntimeError, match=rf"cannot keep Hypothesis .*{moved}.*install a "
+                                           rf"Hypothesis of the range .*{GATE_HYPOTHESIS}"):
+        freeze_local_constants()
+
+
+def test_the_constant_pool_stays_empty_once_frozen():
+    """The guard's positive side: frozen, the pool admits no constant of a
+    module loaded later (Hypothesis extends it by union)."""
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import Constants
+
+    from ..engine.profiles import freeze_local_constants
+    freeze_local_constants()
+    pool = providers._local_constants
+    grown = pool | Constants(integers={12345}, floats={0.123}, bytes=set(), strings={"x"})
+    assert len(pool) == 0 and grown is pool and len(grown) == 0

@@ -145,18 +145,25 @@ def test_the_gate_script_on_a_fixture_repository(author, tmp_path):
     gate = Author(repo)
     gate.env["PATH"] = author.env["PATH"]
     gate.env["XDG_CACHE_HOME"] = author.env["XDG_CACHE_HOME"]
+    summary = tmp_path / "step-summary.md"           # as GitHub Actions provides it
+    gate.env["GITHUB_STEP_SUMMARY"] = str(summary)
 
     def run():
         return gate.run(command, activate=False)     # the script makes its own environment
 
     green = run()
     assert green.returncode == 0, green.output[-4000:]
+    text = summary.read_text()
+    assert "## gdn-verify: `my_kernels.gdn_target`" in text and "exit 0" in text, text
+    assert "| delta_rule_forward_parity | held |" in text and "\nPASS: 1 shard(s)" in text, text
     report = json.loads((repo / "gdn-verify-report" / "gdn-verify.json").read_text())
     assert report["target"] == "my_kernels.gdn_target"
     assert (repo / "gdn-verify-report" / "gdn-verify.xml").exists()
     _plant(repo / "my_kernels" / "head_first.py", planted_bug("head_first"))
     red = run()
     assert red.returncode == 1, red.output[-4000:]
+    text = summary.read_text().split("## gdn-verify:")[-1]
+    assert "exit 1" in text and "| FAILED |" in text and "\nFAIL: 1 shard(s)" in text, text
     assert os.listdir(repo / "gdn-verify-report" / "counterexamples")
 
 
