@@ -187,3 +187,11 @@ def test_merge_fails_when_a_shards_report_is_missing(tmp_path):
     assert not reports.merge([one, two, three, one])["passed"]           # given twice
     other = _suite_report(tmp_path / "o.json", "1/2")
     assert "differently split" in reports.merge([one, other])["missing"][0]
+
+
+def test_the_load_of_the_gate_under_load_stops_by_itself():
+    """gate/busy_core.py, the one-core load gate/ci-under-load.sh runs the
+    gate under: a single thread that ends by itself after its limit."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "gate", "busy_core.py"), "0.2"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
