@@ -270,6 +270,18 @@ def version_text() -> str:
     return f"gdn-verify {of('gdn-verify')} ({deps})"
 
 
+class _VersionAction(argparse.Action):
+    """--version: print version_text() and exit; the versions are read only
+    when asked (not on every gdn-verify start)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
 
 def _shared_options(parser, suppress: bool) -> None:
     """The shared options; suppress: leave them out of the namespace unless
@@ -310,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-verify", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _shared_options(parser, suppress=False)
-    parser.add_argument("--version", action="version", version=version_text(),
+    parser.add_argument("--version", action=_VersionAction,
                         help="the installed gdn-verify, and the jax, jaxlib, Hypothesis and "
                              "pytest it runs with")
     sub = parser.add_subparsers(dest="command")

@@ -190,8 +190,9 @@ def check_property(name: str, target, case, record: bool = True,
     except PropertyFailure as err:
         failing = [r for r in err.rows if not r.passed]
         covered = known_failures.covering(session().options.known, name, failing) if record else None
-        _update_worst(stats, _compared(stats, err.rows))
-        _count_beyond_bounds(stats, err.rows)
+        compared = _compared(stats, err.rows)
+        _update_worst(stats, compared)
+        _count_beyond_bounds(stats, compared)
         if covered:
             stats.known_failures += 1
             session().known_hits.setdefault(name, set()).update(e.label for e in covered)

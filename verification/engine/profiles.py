@@ -181,14 +181,15 @@ def hypothesis_note() -> Optional[str]:
             f"differ from the gate's (every coverage claim is still met by construction)")
 
 
-# Where the environment says it is CI and names no profile, the gate's
-# derandomized profile, as Hypothesis itself loads its "ci" profile there.
+# Where the environment says it is CI (the CI variable, the main one of those
+# Hypothesis reads to load its own "ci" profile) and names no profile, the
+# gate's derandomized profile.
 CI_ENV_VAR, CI_PROFILE = "CI", "ci"
 
 
 def default_profile() -> str:
     """The profile a run that names none loads: ci where the CI variable is
-    set (Hypothesis's own rule for its "ci" profile), else dev."""
+    set, else dev."""
     return CI_PROFILE if CI_ENV_VAR in os.environ else DEFAULT
 
 
