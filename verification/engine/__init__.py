@@ -7,6 +7,7 @@
     profiles.py          the Hypothesis profiles (dev, ci, nightly, repro, kill)
     compile_settings.py  XLA:CPU flags of the suite's processes
     compile_cache.py     the persistent compilation cache
+    program_store.py     compiled programs kept across runs, keyed by the traced program
     counterexamples.py   counterexample files and their replay
     known_failures.py    --gdn-known-failures
     shards.py, reports.py, shared_db.py   sharded runs, merged reports, a shared

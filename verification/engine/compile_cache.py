@@ -14,6 +14,9 @@ share the directory (JAX writes each entry whole under its key).
   off        --gdn-no-compile-cache (gdn-verify --no-compile-cache) or
              GDN_NO_COMPILE_CACHE=1
 
+The program store (verification/engine/program_store.py) lives in its
+subdirectory gdn-programs/ and follows it: on, off and read-only with it.
+
 The settings go into the environment too, so the processes the suite starts
 (xdist workers, mesh workers, mutant runs) use the same cache; a process
 started with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS set keeps it (the

@@ -19,6 +19,7 @@ from gdn_kernels.interpret import resolved_mode
 from strategies import cotangent, delta_rule_inputs, mixer_inputs, segment_ids_of
 from strategies.cases import DeltaRuleCase, MixerCase
 
+from . import program_store
 from ..targets.declaration import OutsideLimits
 from ..targets import Target
 from ..tolerance import CONTRACT_PRECISION, PRECISIONS
@@ -60,8 +61,9 @@ jax.monitoring.register_event_listener(_on_plain_event)
 
 
 def cache_hit_count() -> int:
-    """Programs this process read from the persistent compilation cache."""
-    return _compiles["hits"]
+    """Programs this process read from the persistent compilation cache or
+    loaded from the program store (verification/engine/program_store.py)."""
+    return _compiles["hits"] + program_store.counts()["loaded"]
 
 
 # What the mesh workers (verification/engine/mesh_worker.py) built for this
@@ -79,7 +81,7 @@ def count_worker_compiles(n: int, seconds: float) -> None:
 def compile_count() -> int:
     """Programs built so far for this process's checks (XLA compiles and
     persistent-cache reads): its own and those its mesh workers ran."""
-    return _compiles["n"] + _worker_compiles["n"]
+    return _compiles["n"] + program_store.counts()["loaded"] + _worker_compiles["n"]
 
 
 def compile_seconds() -> float:
@@ -119,6 +121,7 @@ def release_executables_if_needed(fraction: float = 0.5) -> bool:
     _vjp_runner.cache_clear()
     _forward_runner.cache_clear()
     _pieces_runner.cache_clear()
+    program_store.clear()
     jax.clear_caches()
     gc.collect()
     return True
@@ -280,10 +283,11 @@ def run_vjp(fn, case, inputs, cts, *, x64=False):
     if x64:
         with jax.enable_x64(True):
             arrays = tuple(np.asarray(inputs[n], np.float64) for n in names)
-            out, grads = runner(arrays, tuple(np.asarray(c, np.float64) for c in cts), ids)
+            out, grads = program_store.call(runner, arrays,
+                                            tuple(np.asarray(c, np.float64) for c in cts), ids)
     else:
         arrays = tuple(np.asarray(inputs[n]) for n in names)
-        out, grads = runner(arrays, cts, ids)
+        out, grads = program_store.call(runner, arrays, cts, ids)
     out = out if isinstance(out, tuple) else (out,)
     return tuple(np.asarray(o) for o in out), {n: np.asarray(g) for n, g in zip(names, grads)}
 
@@ -315,9 +319,10 @@ def run_forward(fn, case, inputs, *, x64=False):
     ids = segment_ids_of(case)
     if x64:
         with jax.enable_x64(True):
-            out = runner(tuple(np.asarray(inputs[n], np.float64) for n in names), ids)
+            out = program_store.call(
+                runner, tuple(np.asarray(inputs[n], np.float64) for n in names), ids)
     else:
-        out = runner(tuple(np.asarray(inputs[n]) for n in names), ids)
+        out = program_store.call(runner, tuple(np.asarray(inputs[n]) for n in names), ids)
     out = out if isinstance(out, tuple) else (out,)
     return tuple(np.asarray(o) for o in out)
 
@@ -452,7 +457,7 @@ def run_pieces(fn, case: MixerCase, inputs, state, pieces, *, x64=False):
         arrays = tuple(cast(inputs[n]) for n in names)
         st = GDNState(cast(state["conv"]), cast(state["recurrent"]))
         cts = (ct_cast(ct_o), GDNState(ct_cast(ct_conv), ct_cast(ct_rec)))
-        (o, st_out), (grads, d_state) = runner(arrays, st, cts, ids)
+        (o, st_out), (grads, d_state) = program_store.call(runner, arrays, st, cts, ids)
     outs = {"o": np.asarray(o), "conv": np.asarray(st_out.conv),
             "recurrent": np.asarray(st_out.recurrent)}
     grads = {n: np.asarray(g) for n, g in zip(names, grads)}
