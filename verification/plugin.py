@@ -15,9 +15,11 @@ imported or resolved is a usage error (exit 4).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from typing import Dict
 
 import pytest
 
@@ -87,6 +89,8 @@ class SuiteRun:
                 raise pytest.UsageError(str(err)) from None
         # this run's state: options, per-property statistics, failures
         self.session = harness.begin_session(harness.Session(options))
+        if getattr(config, "workeroutput", None) is None:    # not a pytest-xdist worker
+            self.session.progress = Progress(config).line
         if config.args_source != pytest.Config.ArgsSource.ARGS:
             config.args[:] = [SUITE_DIR if self.scope == "all" else PROPERTY_TESTS]
         self.start, self.compiles0 = time.perf_counter(), self._compiles()
@@ -121,6 +125,37 @@ class SuiteRun:
 
     def strict(self) -> bool:
         return self.session.options.strict
+
+
+class Progress:
+    """A line on the terminal while a long property runs: examples done of
+    planned, every PROGRESS_EVERY_S seconds of it (in a session that runs
+    its tests itself; under pytest-xdist a worker's output does not reach
+    the terminal, and the line of each property comes when it ends)."""
+
+    PROGRESS_EVERY_S = 10.0
+
+    def __init__(self, config, clock=time.perf_counter):
+        self.config, self.clock = config, clock
+        self.last: Dict[str, float] = {}
+
+    def line(self, prop: str, stats, planned: int) -> None:
+        now = self.clock()
+        last = self.last.setdefault(prop, now - stats.seconds)
+        if now - last < self.PROGRESS_EVERY_S:
+            return
+        self.last[prop] = now
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None:
+            return
+        of = f" of {planned} planned" if planned else ""
+        text = f"gdn-verify: {prop}: running, {stats.examples} example(s) done{of} " \
+               f"[{stats.seconds:.0f} s]"
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            if getattr(terminal, "_width_of_current_line", 0):
+                terminal.write("\n")
+            terminal.write_line(text)
 
 
 class Collection:
@@ -256,6 +291,9 @@ class Recording:
                            "compiles": run.total_compiles(),
                            "cache_hits": run.cache_hits(),
                            "test_seconds": run.test_seconds}, f)
+            from .engine import picture
+            with open(path) as f:
+                picture.write(json.load(f), picture.beside(path))
 
 
 class Summary:

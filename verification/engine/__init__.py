@@ -8,6 +8,7 @@
     compile_settings.py  XLA:CPU flags of the suite's processes
     compile_cache.py     the persistent compilation cache
     program_store.py     compiled programs kept across runs, keyed by the traced program
+    picture.py           the run's picture (properties x tensors) and the kill matrix, as SVG
     counterexamples.py   counterexample files and their replay
     known_failures.py    --gdn-known-failures
     shards.py, reports.py, shared_db.py   sharded runs, merged reports, a shared

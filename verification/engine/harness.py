@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 from hypothesis import Phase, given, reject, settings
@@ -137,11 +137,18 @@ class Session:
                   the latest failing example of that class (after shrinking:
                   the minimal one), for its counterexample file
     known_hits:   property id -> labels of the known failures that failed
+    planned:      property id -> the examples its run plans (pinned cases
+                  and the drawn budget; shrinking may add more)
+    progress:     called after each example of a property's test with
+                  (property id, its stats, planned), or None (the plugin
+                  sets it where it can write to the terminal)
     """
     options: RunOptions = dataclasses.field(default_factory=RunOptions)
     stats: Dict[str, PropertyStats] = dataclasses.field(default_factory=dict)
     last_failure: Dict[str, tuple] = dataclasses.field(default_factory=dict)
     known_hits: Dict[str, set] = dataclasses.field(default_factory=dict)
+    planned: Dict[str, int] = dataclasses.field(default_factory=dict)
+    progress: Optional[Callable[[str, "PropertyStats", int], None]] = None
 
 
 _CURRENT = [Session()]
@@ -218,6 +225,8 @@ def check_property(name: str, target, case, record: bool = True,
         stats.seconds += time.perf_counter() - t0
         stats.compiles += runners.compile_count() - c0
         stats.compile_s += runners.compile_seconds() - s0
+        if record and session().progress is not None:
+            session().progress(name, stats, session().planned.get(name, 0))
     compared = _compared(stats, rows)
     _update_worst(stats, compared)
     _count_beyond_bounds(stats, compared)
@@ -372,12 +381,15 @@ def hypothesis_test(p: Property):
             phases = settings().phases
             # a profile without shrinking (kill) stops at its first failing example
             stop_at_first = Phase.shrink not in phases
+            charged = (len(plan.cases) if lattice.suite_profile(
+                settings.get_current_profile_name()) in CLAIM_CASES_IN_BUDGET else 0)
+            budget = examples(p.weight, charged)
+            session().planned[p.id] = ((len(p.examples) + len(plan.cases)
+                                        if Phase.explicit in phases else 0) + budget.max_examples)
             failures = (run_pinned(p, gdn_target, p.examples + plan.cases, stats, stop_at_first)
                         if Phase.explicit in phases else [])
             if not (failures and stop_at_first):
-                charged = (len(plan.cases) if lattice.suite_profile(
-                    settings.get_current_profile_name()) in CLAIM_CASES_IN_BUDGET else 0)
-                given_test = examples(p.weight, charged)(given(case=p.strategy)(test))
+                given_test = budget(given(case=p.strategy)(test))
                 try:
                     given_test(gdn_target)
                 except Unsatisfiable:

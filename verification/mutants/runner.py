@@ -2,8 +2,12 @@
 
 For each mutant and each impl whose code it breaks, a pytest session runs
 the registered properties against gdn_mutant_<name>:<impl> under the
-`kill` profile (ci's examples, derandomized, no shrinking), stopping at
-the first failing example. The sessions of one job slot run one after
+`kill` profile (ci's examples, derandomized, no shrinking), each property
+stopping at its first failing example; every property of the session runs
+(no -x), so the report records every property that killed the mutant
+(`kills`: property -> examples to kill; `held`: those that ran and held),
+which the kill matrix (mutation-report.svg, verification/engine/picture.py)
+draws. The sessions of one job slot run one after
 another in one worker process (verification/mutants/worker.py says why
 that changes nothing a session sees). The declared faster subset: only the mutant's
 declared killer properties run first (selected by property id,
@@ -13,8 +17,8 @@ recorded a failure on it; a mutant whose patch no longer applies, or whose
 run errors outside the properties, is reported by name as an error and
 fails the gate.
 
-The baseline: every killing example (the counterexample file the failing
-run wrote) is replayed on the unmutated package with the same impl
+The baseline: every killing example (the counterexample file each killing
+property wrote) is replayed on the unmutated package with the same impl
 (`gdn-verify replay FILE... --module gdn_kernels`) and must pass there,
 so no kill is the property failing for a reason of its own.
 
@@ -28,7 +32,7 @@ change (the float64 oracle, mostly), which the suite's own run left there.
 verification/tests/test_mutation_zoo.py checks that a mutated kernel lowers to a
 different program than the original.
 
-Writes mutation-report.json and mutation-report.md; exits 1 if any mutant
+Writes mutation-report.json, .md and .svg; exits 1 if any mutant
 survives or errors, or a killing example fails on the unmutated package.
 --jobs N runs N worker processes at once (and the baseline replays in
 up to N processes); the report keeps the catalog's order.
@@ -137,7 +141,7 @@ def run_suite_process(worker: SessionWorker, target: str, properties: Optional[L
     os.makedirs(run_dir, exist_ok=True)
     stats_file = tempfile.mktemp(suffix=".json", dir=run_dir)
     args = [PROPERTY_TESTS, "-p", "gdn_verify",
-            "-x", "-q", "--hypothesis-profile", PROFILE, "--gdn-target", target,
+            "-q", "--hypothesis-profile", PROFILE, "--gdn-target", target,
             "-p", "no:cacheprovider", "--gdn-properties",
             ",".join(p.id for p in select(properties)) if properties else "all"]
     counterexamples = os.path.join(run_dir, "counterexamples")
@@ -157,6 +161,15 @@ def _killer(stats: dict):
         if st["failures"]:
             return name, st["first_failure_at"]
     return None, None
+
+
+def _kill_table(stats: dict) -> Tuple[dict, List[str]]:
+    """Every property of a session that killed the mutant ({property:
+    examples to kill}) and those that ran and held."""
+    props = stats.get("properties", {})
+    kills = {name: st["first_failure_at"] for name, st in props.items() if st["failures"]}
+    held = [name for name, st in props.items() if not st["failures"] and st.get("verdict") == "held"]
+    return kills, held
 
 
 def run_mutant(name: str, impl: str, mutant_dir: str, worker: SessionWorker) -> dict:
@@ -179,24 +192,29 @@ def run_mutant(name: str, impl: str, mutant_dir: str, worker: SessionWorker) -> 
         subset = "every property (declared killers missed it)"
         wall += result["wall_s"]
     killer, at = _killer(result["stats"])
+    kills, held = _kill_table(result["stats"])
     killed = killer is not None and result["returncode"] == 1
     status = "killed" if killed else ("survived" if result["returncode"] == 0 else "error")
-    files = [f for f in result["counterexamples"]
-             if os.path.basename(f).startswith(f"{killer}-")] if killed else []
+    examples = {name: next((f for f in result["counterexamples"]
+                            if os.path.basename(f).startswith(f"{name}-")), None)
+                for name in kills} if killed else {}
     return record | {"status": status, "killed": killed, "killed_by": killer,
-                     "examples_to_kill": at, "wall_s": round(wall, 1), "subset": subset,
-                     "killing_example": files[0] if files else None,
+                     "examples_to_kill": at, "kills": kills, "held": held,
+                     "wall_s": round(wall, 1), "subset": subset,
+                     "killing_example": examples.get(killer),
+                     "killing_examples": examples,
                      "log_tail": None if killed else result["tail"]}
 
 
 def replay_killing_examples(results: List[dict], workers: List[SessionWorker]) -> dict:
-    """The baseline: each killed mutant's killing example replayed on the
-    unmutated package (same impl), split over the workers. A kill without
-    its counterexample file fails the baseline (nothing shows the kill is
-    the mutant's)."""
+    """The baseline: each killed mutant's killing examples (one per property
+    that killed it) replayed on the unmutated package (same impl), split
+    over the workers. A kill without its counterexample file fails the
+    baseline (nothing shows the kill is the mutant's)."""
     killed = [r for r in results if r["killed"]]
-    missing = [f"{r['mutant']}:{r['impl']}" for r in killed if not r["killing_example"]]
-    files = [r["killing_example"] for r in killed if r["killing_example"]]
+    missing = [f"{r['mutant']}:{r['impl']} ({prop})" for r in killed
+               for prop, f in r["killing_examples"].items() if not f]
+    files = [f for r in killed for f in r["killing_examples"].values() if f]
     n = len(workers)
     parts = [part for part in (shard_of(files, (j, n)) for j in range(1, n + 1)) if part]
     args = ["replay", "--module", UNMUTATED]
@@ -222,8 +240,10 @@ def markdown(report: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in report["mutants"]:
         verdict = "yes" if r["killed"] else f"**{r['status'].upper()}**"
+        others = [p for p in r.get("kills", {}) if p != r["killed_by"]]
+        by = (r["killed_by"] or "-") + (f" (also: {', '.join(others)})" if others else "")
         lines.append(f"| {r['mutant']} | {r['impl']} | {verdict} | "
-                     f"{r['killed_by'] or '-'} | {r['examples_to_kill'] or '-'} | {r['wall_s']} | "
+                     f"{by} | {r['examples_to_kill'] or '-'} | {r['wall_s']} | "
                      f"{r['description']} |")
     lines += ["", baseline_line(report["baseline"]),
               "", report.get("projection", ""), "", report["summary"]]
@@ -328,6 +348,8 @@ def main(only: Optional[List[str]] = None, report_dir: str = ".",
     os.makedirs(report_dir, exist_ok=True)
     with open(os.path.join(report_dir, "mutation-report.json"), "w") as f:
         json.dump(report, f, indent=2)
+    from ..engine import picture
+    picture.write_kill_matrix(report, os.path.join(report_dir, "mutation-report.svg"))
     with open(os.path.join(report_dir, "mutation-report.md"), "w") as f:
         f.write(markdown(report) + "\n")
     print(projection, flush=True)

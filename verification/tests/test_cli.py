@@ -101,7 +101,8 @@ def test_junit_xml_json_report_and_seed(tmp_path):
 
 def test_the_json_report_is_a_pytest_option_and_the_variable_its_alias(tmp_path):
     """pytest --gdn-report=FILE writes the report (a relative path from where
-    pytest was started); GDN_STATS_FILE still does, when no option is given."""
+    pytest was started), and its picture beside it; GDN_STATS_FILE still
+    does, when no option is given."""
     for how in ("option", "variable"):
         report = tmp_path / f"{how}.json"
         env = {k: v for k, v in os.environ.items() if k != "GDN_STATS_FILE"}
@@ -116,6 +117,8 @@ def test_the_json_report_is_a_pytest_option_and_the_variable_its_alias(tmp_path)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         data = json.loads(report.read_text())
         assert data["target"] == SCAN and data["properties"]["determinism"]["verdict"] == "held"
+        picture = report.with_suffix(".svg").read_text()      # the run's picture beside it
+        assert "determinism" in picture and picture.startswith("<svg")
 
 
 @pytest.mark.parametrize("ci, profile", [("true", "ci"), (None, "dev")])
@@ -236,3 +239,41 @@ def test_replay_warns_what_it_cannot_restore(tmp_path, capsys, monkeypatch):
     assert main(["replay", path]) == 0
     err = capsys.readouterr().err
     assert "cannot restore XLA_FLAGS" in err and "recorded under jax 0.0.1" in err
+
+
+class _Terminal:
+    def __init__(self):
+        self.lines = []
+
+    def write(self, text):
+        pass
+
+    def write_line(self, text):
+        self.lines.append(text)
+
+
+class _Plugins:
+    def __init__(self, terminal):
+        self.terminal = terminal
+
+    def get_plugin(self, name):
+        return self.terminal if name == "terminalreporter" else None
+
+
+def test_a_long_property_prints_a_progress_line_every_so_often():
+    """While a property runs, a line of examples done of planned comes every
+    Progress.PROGRESS_EVERY_S seconds of it, none sooner."""
+    from ..plugin import Progress
+    from ..engine.harness import PropertyStats
+    terminal = _Terminal()
+    clock = [100.0]
+    progress = Progress(type("Config", (), {"pluginmanager": _Plugins(terminal)})(),
+                        clock=lambda: clock[0])
+    stats = PropertyStats()
+    for step in range(1, 8):                 # an example every 4 s
+        clock[0] += 4.0
+        stats.examples, stats.seconds = step, 4.0 * step
+        progress.line("mixer_split_invariance", stats, planned=7)
+    assert terminal.lines == [
+        "gdn-verify: mixer_split_invariance: running, 3 example(s) done of 7 planned [12 s]",
+        "gdn-verify: mixer_split_invariance: running, 6 example(s) done of 7 planned [24 s]"]
