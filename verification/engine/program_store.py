@@ -46,6 +46,7 @@ import os
 import pickle
 import tempfile
 import threading
+import zlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
@@ -55,7 +56,7 @@ from jax.extend import core as jcore
 
 OPT_OUT_ENV = "GDN_NO_PROGRAM_STORE"
 SUBDIR = "gdn-programs"
-FORMAT = b"gdn-program-store/2"
+FORMAT = b"gdn-program-store/3"
 READ_ONLY_MIN_COMPILE_SECS = 1e8      # compile_cache's read-only setting
 
 # Configuration values that say where and whether things are logged or
@@ -329,7 +330,7 @@ def directory() -> Optional[Tuple[str, bool]]:
 def _load(path: str):
     try:
         with open(path, "rb") as f:
-            payload, in_tree, out_tree = pickle.load(f)
+            payload, in_tree, out_tree = pickle.loads(zlib.decompress(f.read()))
         return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
     except FileNotFoundError:
         return None
@@ -339,7 +340,7 @@ def _load(path: str):
 
 def _save(path: str, compiled) -> bool:
     try:
-        blob = pickle.dumps(serialize_executable.serialize(compiled))
+        blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled)), 1)
     except Exception:              # e.g. a tree node class pickle cannot name
         return False
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -151,7 +151,7 @@ def test_the_store_is_off_where_the_compile_cache_is_off_or_opted_out(monkeypatc
 # from such an executable (planted), which loads but cannot run: it is
 # replaced by a fresh compile and the results are the same.
 SCRIPT = r"""
-import json, os, pickle, shutil, sys
+import json, os, pickle, shutil, sys, zlib
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -169,7 +169,7 @@ if sys.argv[2] == "third":
     os.makedirs(store, exist_ok=True)
     served = traced.lower().compile()                   # from the persistent cache
     with open(path, "wb") as fh:
-        pickle.dump(serialize_executable.serialize(served), fh)
+        fh.write(zlib.compress(pickle.dumps(serialize_executable.serialize(served))))
 out = program_store.call(f, x, x)
 print(json.dumps({"counts": program_store.counts(), "out": float(np.asarray(out[0]).sum()),
                   "files": len(os.listdir(store)) if os.path.isdir(store) else 0}))
