@@ -46,7 +46,7 @@ TENSOR_ORDER = ("o", "final_state", "conv", "recurrent",
 STRUCTURAL = "exact / structural"
 
 CELL_W, CELL_H = 52, 20
-LABEL_W, HEADER_H, TITLE_H, LEGEND_H = 330, 96, 34, 70
+LABEL_W, HEADER_H, TITLE_H, LEGEND_H = 380, 96, 34, 70
 FAILED_FILL, NOT_CHECKABLE_FILL, EMPTY_FILL = "#d7301f", "#bdbdbd", "#f7f7f7"
 # (ratio, colour) stops on a log scale: far inside, halfway, at the bound
 STOPS = ((1e-3, (229, 245, 224)), (1e-1, (254, 224, 139)), (1.0, (244, 109, 67)))
