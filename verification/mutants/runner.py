@@ -206,6 +206,14 @@ def run_mutant(name: str, impl: str, mutant_dir: str, worker: SessionWorker) -> 
                      "log_tail": None if killed else result["tail"]}
 
 
+def _killing_files(record: dict) -> dict:
+    """{property: its killing example file, or None} of a killed mutant's
+    record (a record of the first killer alone: that one)."""
+    if "killing_examples" in record:
+        return record["killing_examples"]
+    return {record.get("killed_by") or "its killer": record.get("killing_example")}
+
+
 def replay_killing_examples(results: List[dict], workers: List[SessionWorker]) -> dict:
     """The baseline: each killed mutant's killing examples (one per property
     that killed it) replayed on the unmutated package (same impl), split
@@ -213,8 +221,8 @@ def replay_killing_examples(results: List[dict], workers: List[SessionWorker]) -
     baseline (nothing shows the kill is the mutant's)."""
     killed = [r for r in results if r["killed"]]
     missing = [f"{r['mutant']}:{r['impl']} ({prop})" for r in killed
-               for prop, f in r["killing_examples"].items() if not f]
-    files = [f for r in killed for f in r["killing_examples"].values() if f]
+               for prop, f in _killing_files(r).items() if not f]
+    files = [f for r in killed for f in _killing_files(r).values() if f]
     n = len(workers)
     parts = [part for part in (shard_of(files, (j, n)) for j in range(1, n + 1)) if part]
     args = ["replay", "--module", UNMUTATED]
