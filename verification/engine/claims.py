@@ -16,17 +16,32 @@ this profile; the target does not take the cases that meet it; not found in
 CANDIDATE_DRAWS draws), in the run's header of that property and in the
 summary, never dropped silently. What the run's cases met is measured on the
 cases the target checked (harness.check_property) and shown per property.
+
+A plan is kept in this process and across runs (the plan store, below:
+beside the program store in the compile cache, keyed by the suite's own
+source and what the plan reads of the target), so a warm run draws no
+candidates.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
+import os
+import sys
+import tempfile
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from strategies import lattice
+from strategies.cases import case_from_json, case_to_json
+
+from . import program_store
+from ..targets import Target
 
 # The most draws of a property's strategy searched for its claim cases (the
 # reachability budget the meta-tests have always used), and the fewest
@@ -135,16 +150,105 @@ def _draw_candidates(p, claims: Mapping[str, Callable], wanted: frozenset,
 
 def plan(p, target=None) -> ClaimPlan:
     """The claim plan of property p in the loaded profile, for `target`
-    (None: every case is taken). Cached per property, covering, declared
-    chunk sizes, declared limits and target."""
+    (None: every case is taken). Kept per property, covering, declared
+    chunk sizes, declared limits and what the plan reads of the target
+    (target_fingerprint: mutants of one kernel, or one kernel under several
+    specs, share a plan), in this process and across runs (the plan store
+    below)."""
     key = (p.id, lattice.current_covering(), lattice.declared_beyond_contract(),
-           lattice.declared_limits(), getattr(target, "spec", None))
+           lattice.declared_limits(), target_fingerprint(target))
     if key not in _PLANS:
-        _PLANS[key] = _plan(p, key[1], target)
+        _PLANS[key] = _kept_plan(p, key) or _plan(p, key[1], target)
+        _keep_plan(key, _PLANS[key])
     return _PLANS[key]
 
 
 _PLANS: Dict[tuple, ClaimPlan] = {}
+
+
+def target_fingerprint(target) -> Optional[tuple]:
+    """All a plan reads of its target: Property.not_checkable(target, case)
+    reads the declaration alone (targets.declaration.unmet: its supports and
+    which functions it declares; Limits.refuses_case: its limits). Every
+    field of the declaration, a function as only "declared"."""
+    if target is None:
+        return None
+    if type(target) is not Target:          # a stand-in with rules of its own: itself
+        return ("object", id(target))
+    declaration = target.declaration
+    return tuple((f.name, "<declared>" if callable(getattr(declaration, f.name))
+                  else repr(getattr(declaration, f.name)))
+                 for f in dataclasses.fields(declaration))
+
+
+# -------------------------------------------------------------- the plan store
+# A plan costs its property's strategy's draws (up to CANDIDATE_DRAWS; 0.1 to
+# 2.6 s each, 12 s of CPU for the 33 properties on this 2-core machine): a
+# warm run reads it instead, from <compile cache>/gdn-claim-plans, on, off
+# and read-only with the program store (verification/engine/program_store.py).
+# Its key: the plan's key above, and everything the draws and the claims
+# read: the source of the suite's strategies and properties (every .py file
+# of the strategies and verification packages, its tests left out), the
+# Hypothesis release and the Python version. A plan read back is the plan
+# computed; what the run's cases met is still measured on the cases run.
+PLAN_SUBDIR = "gdn-claim-plans"
+PLAN_FORMAT = "gdn-claim-plan/1"
+
+
+@functools.lru_cache(maxsize=None)
+def _suite_digest() -> str:
+    """SHA-256 of the suite's strategies and properties (every .py file of
+    the strategies and verification packages but the tests), the Hypothesis
+    release and the Python version."""
+    import hypothesis
+    import strategies
+    import verification
+    digest = hashlib.sha256(f"{PLAN_FORMAT} {hypothesis.__version__} {sys.version_info[:2]}".encode())
+    for package in (strategies, verification):
+        root = os.path.dirname(os.path.abspath(package.__file__))
+        for folder, dirs, files in sorted(os.walk(root)):
+            dirs[:] = sorted(d for d in dirs if d not in ("tests", "__pycache__"))
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as f:
+                    digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
+def _plan_path(key: tuple) -> Optional[Tuple[str, bool]]:
+    """(the plan's file, writable), or None with the store off."""
+    where = program_store.directory(PLAN_SUBDIR)
+    if where is None or (key[-1] and key[-1][0] == "object"):
+        return None
+    name = hashlib.sha256(f"{_suite_digest()} {key!r}".encode()).hexdigest()
+    return os.path.join(where[0], name + ".json"), where[1]
+
+
+def _kept_plan(p, key: tuple) -> Optional[ClaimPlan]:
+    """The plan stored under key, or None (none, or the store off)."""
+    where = _plan_path(key)
+    if where is None:
+        return None
+    try:
+        with open(where[0]) as f:
+            data = json.load(f)
+        return ClaimPlan(claims_of(p, key[1]), tuple(case_from_json(c) for c in data["cases"]),
+                         dict(data["unmet"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None                          # none yet, or unreadable: planned anew
+
+
+def _keep_plan(key: tuple, kept: ClaimPlan) -> None:
+    """Store the plan under key (whole, by a rename) where the store is writable."""
+    where = _plan_path(key)
+    if where is None or not where[1] or os.path.exists(where[0]):
+        return
+    os.makedirs(os.path.dirname(where[0]), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(where[0]), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"cases": [case_to_json(c) for c in kept.cases], "unmet": dict(kept.unmet)}, f)
+    os.replace(tmp, where[0])
 
 
 def _plan(p, covering: str, target) -> ClaimPlan:

@@ -313,9 +313,11 @@ def program_key(traced) -> str:
 
 
 # -------------------------------------------------------------- the store
-def directory() -> Optional[Tuple[str, bool]]:
+def directory(subdir: str = SUBDIR) -> Optional[Tuple[str, bool]]:
     """(store directory, writable) for this process now, or None when the
-    store is off (the persistent compilation cache off, or opted out)."""
+    store is off (the persistent compilation cache off, or opted out).
+    subdir: the store's folder in the cache (the claim plans keep theirs,
+    verification/engine/claims.py, under the same rules)."""
     if os.environ.get(OPT_OUT_ENV, "") not in ("", "0"):
         return None
     if not jax.config.jax_enable_compilation_cache:
@@ -324,7 +326,7 @@ def directory() -> Optional[Tuple[str, bool]]:
     if not cache_dir:
         return None
     writable = jax.config.jax_persistent_cache_min_compile_time_secs < READ_ONLY_MIN_COMPILE_SECS
-    return os.path.join(cache_dir, SUBDIR), writable
+    return os.path.join(cache_dir, subdir), writable
 
 
 def _load(path: str):
@@ -387,14 +389,19 @@ def clear() -> None:
     _programs.clear()
 
 
-def _signature(args) -> tuple:
-    """What this process's executable for a jitted function is kept under:
-    the arguments' tree, shapes and canonical dtypes, and the context a
-    trace reads (every jax configuration value, x64 included, and the mesh
-    in scope), as jit's own cache would."""
+def _canonical(args) -> Tuple[list, Any]:
+    """(leaves, tree) of args, each leaf a numpy array of its canonical
+    dtype (float64 becomes float32 unless x64 is on), as jit converts them."""
     leaves, tree = jax.tree_util.tree_flatten(args)
-    return (tree, tuple((np.shape(x), jax.dtypes.canonicalize_dtype(np.result_type(x)))
-                        for x in leaves),
+    return [np.asarray(x, jax.dtypes.canonicalize_dtype(np.result_type(x))) for x in leaves], tree
+
+
+def _signature(leaves, tree) -> tuple:
+    """What this process's executable for a jitted function is kept under:
+    the arguments' tree, shapes and canonical dtypes (leaves from
+    _canonical), and the context a trace reads (every jax configuration
+    value, x64 included, and the mesh in scope), as jit's own cache would."""
+    return (tree, tuple((x.shape, x.dtype) for x in leaves),
             tuple(repr(getattr(jax.config, name, None)) for name in _CONFIG_NAMES),
             repr(jax.sharding.get_abstract_mesh()))
 
@@ -406,13 +413,12 @@ def call(jitted, *args):
     where = directory()
     if where is None:
         return jitted(*args)
-    sig = (jitted, _signature(args))
+    leaves, tree = _canonical(args)
+    sig = (jitted, _signature(leaves, tree))
     entry = _programs.get(sig)
     if entry is None:
         entry = _programs[sig] = _build(jitted, args, *where)
-    leaves, tree = jax.tree_util.tree_flatten(args)
-    canon = jax.tree_util.tree_unflatten(tree, [
-        np.asarray(x, jax.dtypes.canonicalize_dtype(np.result_type(x))) for x in leaves])
+    canon = jax.tree_util.tree_unflatten(tree, leaves)
     if not entry.unproven:
         return entry.compiled(*canon)
     try:
