@@ -177,7 +177,7 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
         print(f"gdn-verify replay: warning: {warning}", file=sys.stderr)
     from .engine import mesh_worker
     from .properties import load_all
-    from .engine.registry import PropertyFailure
+    from .engine.registry import PropertyFailure, is_not_checkable
     from .targets import Target, TargetError
     from .tolerance import failure_class, format_table, raised_class
     spec = target or record["target"]
@@ -206,6 +206,8 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
         return 1
     print(format_table(rows))
     reason = prop.not_checkable(resolved, record["case_obj"])
+    if not reason and rows and all(is_not_checkable(r) for r in rows):
+        reason = "; ".join(sorted({r.note for r in rows}))
     if reason:
         print(f"not checkable on {spec}: {reason}")
         return 1
@@ -238,7 +240,8 @@ def replay_all(paths: List[str], target: Optional[str], module: Optional[str] = 
     else:
         failing = [path for path in paths if replay(path, target, module)]
     print(f"replayed {len(paths)} counterexample(s): "
-          + (f"{len(failing)} still fail: {', '.join(failing)}" if failing else "all pass"))
+          + (f"{len(failing)} do not pass (still failing, or not checkable): {', '.join(failing)}"
+             if failing else "all pass"))
     return 1 if failing else 0
 
 

@@ -260,7 +260,12 @@ def _count_beyond_bounds(stats: PropertyStats, rows: List[TensorError]) -> None:
 
 
 def _update_worst(stats: PropertyStats, rows: List[TensorError]) -> None:
+    """The worst ratio per tensor over the rows that checked it (a row that
+    could not check its tensor, registry.is_not_checkable, is no ratio of
+    the target's: counted under the property's reasons, never its worst)."""
     for r in rows:
+        if is_not_checkable(r):
+            continue
         best = stats.worst.get(r.name)
         if best is None or r.ratio > best.ratio:
             stats.worst[r.name] = r
