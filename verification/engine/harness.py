@@ -363,7 +363,16 @@ def hypothesis_test(p: Property):
     strategy's within its share of the profile's example budget (a case the
     target cannot take is rejected: Hypothesis draws another). Each failure
     class is recorded and reported; one finding never masks another. Marked
-    gdn_property(<id>) for selection by id (--gdn-properties)."""
+    gdn_property(<id>) for selection by id (--gdn-properties).
+
+    Declared a Hypothesis test (Hypothesis's own mark of its tests,
+    `is_hypothesis_test`): its pytest plugin marks it `hypothesis` (so
+    `-m hypothesis` selects the properties), and the test's one @given run
+    reports its statistics, the strategies' events included, to that plugin
+    (`--hypothesis-show-statistics`, the JUnit report) and its reports to the
+    test's own "Hypothesis" section. The pinned cases run before that run,
+    not as @example cases: Hypothesis raises an explicit example's failure
+    before it draws, and one finding must never mask another."""
     # Hypothesis derives a test's database key, and the derandomized
     # profiles their examples, from its source, name and signature: this
     # function is kept as it was (the ci profile draws the examples it drew,
@@ -413,6 +422,7 @@ def hypothesis_test(p: Property):
 
     property_test.__name__ = property_test.__qualname__ = f"test_{p.id}"
     property_test.__doc__ = p.doc
+    property_test.is_hypothesis_test = True
     return getattr(pytest.mark, MARKER)(p.id)(property_test)
 
 

@@ -137,6 +137,30 @@ def test_ci_set_and_no_profile_named_loads_the_ci_profile(ci, profile):
     assert f"derandomize={profile == 'ci'}" in proc.stdout, proc.stdout[:2000]
 
 
+def test_property_tests_are_hypothesis_tests_to_its_plugin(tmp_path):
+    """The properties' tests are Hypothesis tests to Hypothesis's pytest
+    plugin: `-m hypothesis` selects them, `--hypothesis-show-statistics`
+    prints each one's statistics with the strategies' events, and the JUnit
+    report carries them (a serial run: pytest-xdist keeps them out of it).
+    CI set: the ci profile (no example database: every example is drawn)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GDN_PROFILE", "CI")}
+    env["CI"] = "true"
+    junit = tmp_path / "junit.xml"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           "--gdn-target", SCAN, "--gdn-properties", "determinism,causality",
+                           "--gdn-examples", "2", "-m", "hypothesis",
+                           "--hypothesis-show-statistics", f"--junit-xml={junit}"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout, proc.stdout[-2000:]
+    stats = proc.stdout.split("Hypothesis Statistics", 1)[1]
+    for prop in ("determinism", "causality"):
+        section = stats.split(f"test_properties.py::test_{prop}:", 1)[1].split("::test_", 1)[0]
+        assert "Events:" in section and "dtypes " in section, stats[:3000]
+    names = {p.get("name") for p in ElementTree.parse(junit).iter("property")}
+    assert any(n.endswith("test_properties.py::test_determinism") for n in names), names
+
+
 @pytest.mark.parametrize("option, suffix", [("--hypothesis-verbosity=verbose",
                                              "-with-verbose-verbosity"),
                                             ("--hypothesis-explain", "-with-explain-phase")])
