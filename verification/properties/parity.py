@@ -28,6 +28,18 @@ MIXER_LARGE_A_LOG_T15 = MixerCase(batch=2, seq_len=15, k_heads=1, group=1, dk=16
                                   chunk=16, conv_width=4, dtype="float32",
                                   param_dtype="float32", a_log_shape=(1,), dt_bias_shape=(1,),
                                   seed=1, gate_regime="large_a_log")
+# A float32 row across three chunk boundaries under ordinary gates: the state
+# carried between chunks weighs on every output after the first chunk. The
+# kill profile's drawn kills of a state kept in bfloat16 (state_in_bf16) and
+# of a backward streaming its chunks in forward order
+# (pallas_bwd_reads_chunks_forward) came on cases where that state had
+# decayed away, at 5.0 and 4.7 times the bound; on this row they are 219 and
+# 2.7e5 times it (gdn_kernels: 0.03 and 0.08), under any compile setting
+# (verification/tests/test_kill_settings.py).
+MIXER_THREE_CHUNKS_T53 = MixerCase(batch=1, seq_len=53, k_heads=1, group=2, dk=16, dv=24,
+                                   chunk=16, conv_width=4, dtype="float32",
+                                   param_dtype="float32", a_log_shape=(2,), dt_bias_shape=(2,),
+                                   seed=7)
 
 DELTA_COVERS = {
     "T=1": lambda c: c.seq_len == 1,
@@ -81,8 +93,8 @@ LONG_ROW_COVERS = {
 
 
 @prop("mixer_forward_parity", family="parity", strategy=mixer_cases(long_rows=True),
-      wrong_target="gdn_mutant_beta_applied_twice:xla", covers=MIXER_COVERS,
-      gate_covers=LONG_ROW_COVERS)
+      wrong_target="gdn_mutant_beta_applied_twice:xla", examples=(MIXER_THREE_CHUNKS_T53,),
+      covers=MIXER_COVERS, gate_covers=LONG_ROW_COVERS)
 def mixer_forward_parity(target, case: MixerCase):
     """gdn_decoupled_conv1d output matches the float64 oracle."""
     return parity_rows(target, case, with_grads=False)
@@ -99,7 +111,7 @@ def delta_rule_forward_parity(target, case: DeltaRuleCase):
 
 @prop("mixer_gradient_parity", family="parity", strategy=mixer_cases(),
       wrong_target="gdn_mutant_conv_bwd_shift_by_one:xla",
-      examples=(MIXER_LARGE_A_LOG_T15,), covers=MIXER_COVERS,
+      examples=(MIXER_LARGE_A_LOG_T15, MIXER_THREE_CHUNKS_T53), covers=MIXER_COVERS,
       on_sharded_target=True)
 def mixer_gradient_parity(target, case: MixerCase):
     """Every cotangent of gdn_decoupled_conv1d (x, conv_weight, a, b, a_log,
