@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from hypothesis import HealthCheck, Phase, find, settings
@@ -158,8 +157,11 @@ def plan(p, target=None) -> ClaimPlan:
     key = (p.id, lattice.current_covering(), lattice.declared_beyond_contract(),
            lattice.declared_limits(), target_fingerprint(target))
     if key not in _PLANS:
-        _PLANS[key] = _kept_plan(p, key) or _plan(p, key[1], target)
-        _keep_plan(key, _PLANS[key])
+        where = _plan_path(key)
+        kept = _kept_plan(p, key, where)
+        _PLANS[key] = kept or _plan(p, key[1], target)
+        if kept is None:
+            _keep_plan(where, _PLANS[key])
     return _PLANS[key]
 
 
@@ -225,9 +227,9 @@ def _plan_path(key: tuple) -> Optional[Tuple[str, bool]]:
     return os.path.join(where[0], name + ".json"), where[1]
 
 
-def _kept_plan(p, key: tuple) -> Optional[ClaimPlan]:
-    """The plan stored under key, or None (none, or the store off)."""
-    where = _plan_path(key)
+def _kept_plan(p, key: tuple, where: Optional[Tuple[str, bool]]) -> Optional[ClaimPlan]:
+    """The plan stored under key (at where, _plan_path's), or None (none,
+    or the store off)."""
     if where is None:
         return None
     try:
@@ -239,16 +241,12 @@ def _kept_plan(p, key: tuple) -> Optional[ClaimPlan]:
         return None                          # none yet, or unreadable: planned anew
 
 
-def _keep_plan(key: tuple, kept: ClaimPlan) -> None:
-    """Store the plan under key (whole, by a rename) where the store is writable."""
-    where = _plan_path(key)
-    if where is None or not where[1] or os.path.exists(where[0]):
+def _keep_plan(where: Optional[Tuple[str, bool]], kept: ClaimPlan) -> None:
+    """Store the plan at where (_plan_path's) when the store is writable."""
+    if where is None or not where[1]:
         return
-    os.makedirs(os.path.dirname(where[0]), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(where[0]), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"cases": [case_to_json(c) for c in kept.cases], "unmet": dict(kept.unmet)}, f)
-    os.replace(tmp, where[0])
+    program_store.write_whole(where[0], json.dumps(
+        {"cases": [case_to_json(c) for c in kept.cases], "unmet": dict(kept.unmet)}).encode())
 
 
 def _plan(p, covering: str, target) -> ClaimPlan:

@@ -345,12 +345,18 @@ def _save(path: str, compiled) -> bool:
         blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled)), 1)
     except Exception:              # e.g. a tree node class pickle cannot name
         return False
+    write_whole(path, blob)
+    return True
+
+
+def write_whole(path: str, blob: bytes) -> None:
+    """Write blob to path by a rename: a concurrent reader finds the whole
+    file under its key or none (the claim plans' store writes the same way)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(blob)
-    os.replace(tmp, path)          # whole, under its key, for concurrent readers
-    return True
+    os.replace(tmp, path)
 
 
 # -------------------------------------------------------------- calls
