@@ -108,7 +108,7 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
         where = lambda geo: base(geo) and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1  # noqa: E731
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
         draw, lattice.delta_geometries(lattice.declared_beyond_contract(),
-                                 lattice.declared_limits()), lattice.DELTA_KNOBS,
+                                 lattice.declared_limits(), lattice.declared_knob_values()), lattice.DELTA_KNOBS,
         where, packed, long_rows)
     n_zero = draw(st.integers(1 if zero_rows else 0, 0 if zero_rows is False else 2))
     rows = tuple(draw(st.tuples(st.sampled_from(("q", "k")), st.integers(0, batch - 1),
@@ -164,7 +164,7 @@ def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIM
     delta_rule_cases."""
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
         draw, lattice.mixer_geometries(lattice.declared_beyond_contract(),
-                                 lattice.declared_limits()), lattice.MIXER_KNOBS,
+                                 lattice.declared_limits(), lattice.declared_knob_values()), lattice.MIXER_KNOBS,
         where, packed, long_rows)
     hv = hk * group
     rows = draw(near_zero_rows(batch, seq_len, hk, min_rows=1 if near_zero else 0,

@@ -281,6 +281,24 @@ def declared_limits():
     return _DECLARED["limits"]
 
 
+# The knob values the session's target takes besides its shape limits, read
+# off its declared supports by the plugin (verification.targets.
+# declare_to_lattice: a QK norm fixed inside its layer, its activation
+# dtypes, no GVA, its chunk sizes, no initial state), as sorted (knob,
+# values) pairs: the lattice is built inside them as inside the limits, so
+# its covering pairs every other value with one the target takes.
+_DECLARED["knob_values"] = ()
+
+
+def declare_knob_values(values: Dict[str, Sequence]) -> None:
+    """The knob values the target takes, {knob: values} ({}: every one)."""
+    _DECLARED["knob_values"] = tuple(sorted((k, tuple(v)) for k, v in values.items()))
+
+
+def declared_knob_values() -> Tuple[Tuple[str, Tuple], ...]:
+    return _DECLARED["knob_values"]
+
+
 def row_refused(limits, geo: Dict) -> Optional[str]:
     """Why a lattice row (a geometry dict) is outside the limits, or None."""
     chunk, length = geo["chunk"], seq_len(geo["length"], geo["chunk"])
@@ -307,14 +325,29 @@ def _knobs_within(knobs: Dict[str, Sequence], limits) -> Dict[str, Sequence]:
     return knobs
 
 
-def _rows(knobs, extra_rows, limits) -> Tuple[Tuple, ...]:
-    """The all-pairs rows of the knob values within the limits, then the
-    extra rows, those outside the limits dropped."""
-    within = _knobs_within(knobs, limits)
+def _knobs_taken(knobs: Dict[str, Sequence], knob_values) -> Dict[str, Sequence]:
+    """Each knob's values the target takes (knob_values: declared_knob_values();
+    a restriction that would leave a knob no value is not applied: its
+    draws stay, not checkable)."""
+    knobs = dict(knobs)
+    for name, taken in knob_values:
+        kept = tuple(v for v in knobs.get(name, ()) if v in taken)
+        if kept:
+            knobs[name] = kept
+    return knobs
+
+
+def _rows(knobs, extra_rows, limits, knob_values=()) -> Tuple[Tuple, ...]:
+    """The all-pairs rows of the knob values within the limits and taken by
+    the target, then the extra rows, those outside either dropped."""
+    within = _knobs_taken(_knobs_within(knobs, limits), knob_values)
     names = list(knobs)
     if any(not values for values in within.values()):
         return ()
-    rows = tuple(tuple(r[n] for n in names) for r in all_pairs(within)) + tuple(extra_rows)
+    taken = dict(knob_values)
+    extra = tuple(r for r in extra_rows
+                  if all(r[i] in taken[n] for i, n in enumerate(names) if n in taken))
+    rows = tuple(tuple(r[n] for n in names) for r in all_pairs(within)) + extra
     if limits is None:
         return rows
     return tuple(r for r in rows if not row_refused(limits, dict(zip(names, r))))
@@ -322,19 +355,22 @@ def _rows(knobs, extra_rows, limits) -> Tuple[Tuple, ...]:
 
 @functools.lru_cache(maxsize=None)
 def mixer_geometries(beyond_contract: Tuple[int, ...] = (),
-                     limits=None) -> Tuple[Tuple, ...]:
+                     limits=None, knob_values=()) -> Tuple[Tuple, ...]:
     """The mixer lattice: tuples in MIXER_KNOBS order (the all-pairs rows,
     then the FIELD_CHUNK and LONG rows, then the rows of the chunk sizes
-    beyond the contract given), inside the limits given."""
+    beyond the contract given), inside the limits and knob values given."""
     return _rows(MIXER_KNOBS, MIXER_FIELD_CHUNK_ROWS + MIXER_LONG_ROWS
-                 + sum((MIXER_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()), limits)
+                 + sum((MIXER_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()), limits,
+                 knob_values)
 
 
 @functools.lru_cache(maxsize=None)
 def delta_geometries(beyond_contract: Tuple[int, ...] = (),
-                     limits=None) -> Tuple[Tuple, ...]:
+                     limits=None, knob_values=()) -> Tuple[Tuple, ...]:
     """The gated_delta_rule lattice: tuples in DELTA_KNOBS order (the
     all-pairs rows, then the FIELD_CHUNK and LONG rows, then the rows of the
-    chunk sizes beyond the contract given), inside the limits given."""
+    chunk sizes beyond the contract given), inside the limits and knob
+    values given."""
     return _rows(DELTA_KNOBS, DELTA_FIELD_CHUNK_ROWS + DELTA_LONG_ROWS
-                 + sum((DELTA_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()), limits)
+                 + sum((DELTA_BEYOND_CONTRACT_ROWS[c] for c in beyond_contract), ()), limits,
+                 knob_values)

@@ -3,13 +3,14 @@
 A kernel module declares itself with `KernelDeclaration` (what it
 implements), `Supports` (what it accepts) and `Limits` (the shapes it
 takes); a kernel in other
-conventions is wrapped by `adapt` (and `mixer_from_core`); see
+conventions is wrapped by `adapt` (and `mixer_from_core`), a whole layer
+in its own conventions by `adapt_mixer`; see
 docs/verify-your-kernel.md.
 """
 
 from .targets.declaration import KernelDeclaration, Limits, Supports
 
-__all__ = ["KernelDeclaration", "Limits", "Supports", "adapt", "mixer_from_core"]
+__all__ = ["KernelDeclaration", "Limits", "Supports", "adapt", "adapt_mixer", "mixer_from_core"]
 
 
 def __getattr__(name):
@@ -18,4 +19,7 @@ def __getattr__(name):
     if name in ("adapt", "mixer_from_core"):
         from .targets import adapters
         return getattr(adapters, name)
+    if name == "adapt_mixer":
+        from .targets import layer_adapter
+        return layer_adapter.adapt_mixer
     raise AttributeError(f"module 'verification' has no attribute {name!r}")

@@ -64,10 +64,8 @@ class SuiteRun:
         except TargetError as err:
             raise pytest.UsageError(str(err)) from None
         os.environ[TARGET_ENV] = self.target.spec      # workers, mesh workers, replays
-        from strategies import lattice
-        lattice.declare_beyond_contract(self.target.declaration.supports.chunk_sizes)
-        limits = self.target.declaration.limits
-        lattice.declare_limits(limits if limits.declared else None)
+        from .targets import declare_to_lattice
+        declare_to_lattice(self.target.declaration)
         from .engine import harness
         from .engine.profiles import register_profiles, selected_profile
         from hypothesis import settings

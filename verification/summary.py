@@ -17,7 +17,8 @@ def shape_budget_line() -> str:
     from strategies import lattice
     kind = lattice.current_covering()
     beyond = lattice.declared_beyond_contract()
-    mixer, delta = lattice.mixer_geometries(beyond), lattice.delta_geometries(beyond)
+    within = (beyond, lattice.declared_limits(), lattice.declared_knob_values())
+    mixer, delta = lattice.mixer_geometries(*within), lattice.delta_geometries(*within)
     counts = [len(lattice.covering(rows, tuple(knobs), kind)) for rows, knobs in
               ((mixer, lattice.MIXER_KNOBS), (delta, lattice.DELTA_KNOBS))]
     return (f"shapes: the lattice's {kind} covering, {counts[0]} mixer and {counts[1]} "

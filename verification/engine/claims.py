@@ -150,12 +150,13 @@ def _draw_candidates(p, claims: Mapping[str, Callable], wanted: frozenset,
 def plan(p, target=None) -> ClaimPlan:
     """The claim plan of property p in the loaded profile, for `target`
     (None: every case is taken). Kept per property, covering, declared
-    chunk sizes, declared limits and what the plan reads of the target
+    chunk sizes, declared limits and knob values, and what the plan reads of the target
     (target_fingerprint: mutants of one kernel, or one kernel under several
     specs, share a plan), in this process and across runs (the plan store
     below)."""
     key = (p.id, lattice.current_covering(), lattice.declared_beyond_contract(),
-           lattice.declared_limits(), target_fingerprint(target))
+           lattice.declared_limits(), lattice.declared_knob_values(),
+           target_fingerprint(target))
     if key not in _PLANS:
         where = _plan_path(key)
         kept = _kept_plan(p, key, where)
@@ -268,9 +269,13 @@ def _plan(p, covering: str, target) -> ClaimPlan:
     for name in sorted(wanted - reached):
         if name in refused:
             unmet[name] = f"the target does not take the cases that meet it ({refused[name]})"
-        elif lattice.declared_limits() is not None:
-            unmet[name] = (f"ruled out by the target's declared limits: no case within them "
-                           f"meets it in {CANDIDATE_DRAWS} draws of the property's strategy")
+        elif lattice.declared_limits() is not None or lattice.declared_knob_values():
+            declared = " or ".join(what for what, on in (
+                ("limits", lattice.declared_limits() is not None),
+                ("supports", bool(lattice.declared_knob_values()))) if on)
+            unmet[name] = (f"ruled out by the target's declared {declared}: no case within "
+                           f"them meets it in {CANDIDATE_DRAWS} draws of the property's "
+                           f"strategy")
         else:
             unmet[name] = f"no case of the property's strategy meets it in {CANDIDATE_DRAWS} draws"
     return ClaimPlan(claims, cases, unmet)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -50,6 +51,7 @@ import zlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
+import jax.scipy.linalg
 import numpy as np
 from jax.experimental import serialize_executable
 from jax.extend import core as jcore
@@ -329,10 +331,29 @@ def directory(subdir: str = SUBDIR) -> Optional[Tuple[str, bool]]:
     return os.path.join(cache_dir, subdir), writable
 
 
+def _ready_for_custom_calls() -> None:
+    """What jax sets up while lowering, which a loaded executable skips:
+    LAPACK's functions, behind the CPU custom calls of linear algebra (a
+    triangular solve: lapack_strsm_ffi). jaxlib 0.10.2 loads them at the
+    first lowering of such an op (lapack.prepare_lapack_call); an executable
+    loaded in a process that lowered none calls an unset function and
+    crashes (a segmentation fault, found on a layer kernel's stored VJP).
+    So before the first load, one triangular solve is lowered (public API,
+    not compiled). Once per process."""
+    if not _ready["done"]:
+        a = jax.ShapeDtypeStruct((1, 1), np.float32)
+        jax.jit(functools.partial(jax.scipy.linalg.solve_triangular, lower=True)).lower(a, a)
+        _ready["done"] = True
+
+
+_ready = {"done": False}
+
+
 def _load(path: str):
     try:
         with open(path, "rb") as f:
             payload, in_tree, out_tree = pickle.loads(zlib.decompress(f.read()))
+        _ready_for_custom_calls()
         return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
     except FileNotFoundError:
         return None

@@ -4,6 +4,8 @@
                      implements, accepts and takes
     adapters.py      verification.adapt / mixer_from_core: a kernel in other
                      conventions wrapped to the contract
+    layer_adapter.py verification.adapt_mixer: a whole layer in its own
+                     conventions wrapped to the contract's mixer
     varlen.py        the cu_seqlens convention (contract rows <-> packed tokens)
     (here)           Target: the implementation under test, parsed from
                      MODULE[:IMPL][@AXIS=N,...]
@@ -38,6 +40,38 @@ DEFAULT_TARGET = "gdn_kernels:pallas"
 OUR_MODULES = ("gdn_kernels",)
 # The mesh axis names a target spec may use, and what each splits.
 BATCH_AXIS, HEAD_AXIS = "data", "model"
+
+
+def lattice_knob_values(declaration) -> dict:
+    """{lattice knob: the values the target takes} read off its declared
+    supports, where they leave some out: a QK norm fixed inside its layer
+    (qk_norm on only), its activation dtypes, no GVA (group 1 layouts), its
+    chunk sizes, no initial state of the core op."""
+    from strategies import lattice
+    s, values = declaration.supports, {}
+    if s.mixer_qk_norm is not None:
+        values["qk_norm"] = (True,)
+    if set(s.dtypes) != {pair[0] for pair in lattice.DTYPE_PAIRS}:
+        values["dtypes"] = tuple(p for p in lattice.DTYPE_PAIRS if p[0] in s.dtypes)
+    if not s.gva:
+        values["layout"] = tuple(layout for layout in lattice.HEAD_LAYOUTS if layout[1] == 1)
+    if s.chunk_sizes is not None:
+        values["chunk"] = tuple(s.chunk_sizes)
+    if not s.initial_state:
+        values["initial_state"] = (False,)
+    return values
+
+
+def declare_to_lattice(declaration) -> None:
+    """Build the session's shape lattice (strategies.lattice) inside what the
+    target takes: its chunk sizes beyond the contract, its declared shape
+    limits and the knob values of its supports (lattice_knob_values). A
+    coverage claim is then met by a case the target takes wherever one
+    exists, not lost with a lattice row it refuses."""
+    from strategies import lattice
+    lattice.declare_beyond_contract(declaration.supports.chunk_sizes)
+    lattice.declare_limits(declaration.limits if declaration.limits.declared else None)
+    lattice.declare_knob_values(lattice_knob_values(declaration))
 
 
 def make_importable(directory: str) -> None:

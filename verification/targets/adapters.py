@@ -345,7 +345,7 @@ def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES, **conventions) -> KernelD
         packing = _packing(conv, segment_ids, q.shape[0], q.shape[1])
         args, kw = _kernel_arguments(conv, (q, k, v, g, beta), scale, initial_state,
                                      chunk_size, segment_ids, packing)
-        with _interpret_mode(conv):
+        with interpret_mode(conv.pallas_interpret):
             o, final = kernel(*args, **kw)
         return _contract_outputs(conv, o, final, v, packing)
 
@@ -371,8 +371,9 @@ def _compiled_once(op: Callable, static_argnames) -> Callable:
     return call
 
 
-def _interpret_mode(conv: Conventions):
-    if not conv.pallas_interpret:
+def interpret_mode(enabled: bool):
+    """Pallas TPU interpret mode over what is traced inside, when enabled."""
+    if not enabled:
         return contextlib.nullcontext()
     from jax.experimental.pallas import tpu as pltpu
     return pltpu.force_tpu_interpret_mode(pltpu.InterpretParams())

@@ -196,6 +196,43 @@ def test_a_program_the_persistent_cache_served_is_never_stored(tmp_path):
     assert runs["first"]["out"] == runs["second"]["out"] == runs["third"]["out"]
 
 
+# Two processes on one cache directory: the first stores a program calling
+# LAPACK (a triangular solve: a CPU custom call), the second loads it having
+# lowered nothing, and runs it. jax initializes LAPACK only while lowering
+# such an op: without the store doing it before a load, the second process
+# died of a segmentation fault (a layer kernel's stored VJP did).
+LAPACK_SCRIPT = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from jax.scipy.linalg import solve_triangular
+from verification.engine import program_store
+f = jax.jit(lambda a, b: solve_triangular(jnp.tril(a) + 4 * jnp.eye(4), b, lower=True))
+a = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+out = program_store.call(f, a, a)
+print(json.dumps({"counts": program_store.counts(), "out": float(np.asarray(out).sum())}))
+"""
+
+
+def test_a_stored_program_calling_lapack_runs_in_a_fresh_process(tmp_path):
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("JAX_") and k != program_store.OPT_OUT_ENV}
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", LAPACK_SCRIPT, str(tmp_path)], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0]["counts"]["stored"] == 1 and runs[1]["counts"]["loaded"] == 1, runs
+    assert runs[1]["counts"]["reloaded"] == 0 and runs[0]["out"] == runs[1]["out"]
+
+
 def test_a_key_that_cannot_be_computed_only_means_not_stored(tmp_path, monkeypatch):
     """Whatever the walk meets (a jax it does not know), the program runs as
     jitted: the store never changes a result or a verdict."""
