@@ -333,14 +333,14 @@ def _layer_tensors(conv: LayerConventions, dims: Dims, x, conv_weight, a, b, a_l
     each guarded (its cotangent cast back to the primal's dtype, a
     difference recorded)."""
     xs = _to_layer_channels(conv, dims, x, axis=-1)
-    ws = _each(lambda w: _conv_weight_layout(conv, w),
-               _to_layer_channels(conv, dims, conv_weight, axis=-1))
+    w_parts = _to_layer_channels(conv, dims, conv_weight, axis=-1)      # [K, C'] each
+    ws = _each(lambda w: _conv_weight_layout(conv, w), w_parts)
     tensors = {"x": xs, "conv_weight": ws, "a": a, "b": b, "a_log": _decay_rate(conv, a_log),
                "dt_bias": dt_bias}
     tensors = {n: _each(lambda t, n=n: _cotangent_guard(t, n), t) for n, t in tensors.items()}
     if conv.conv_bias:
         tensors["conv_bias"] = _each(lambda w: jnp.zeros(w.shape[-1], conv_weight.dtype),
-                                     _to_layer_channels(conv, dims, conv_weight, axis=-1))
+                                     w_parts)
     return tensors
 
 

@@ -158,11 +158,7 @@ def _forward(dims, xs, ws, biases, a, b, a_log, dt_bias, conv_states, h0):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _layer(dims, xs, ws, biases, a, b, a_log, dt_bias, conv_states, h0):
-    o, final, saved = _forward(dims, xs, ws, biases, a, b, a_log, dt_bias, conv_states, h0)
-    width = ws[0].shape[-1]
-    new_states = tuple(jnp.swapaxes(xp[:, xp.shape[1] - (width - 1):], 1, 2)
-                       for xp in saved[0])
-    return o, new_states, final
+    return _layer_fwd(dims, xs, ws, biases, a, b, a_log, dt_bias, conv_states, h0)[0]
 
 
 def _layer_fwd(dims, xs, ws, biases, a, b, a_log, dt_bias, conv_states, h0):
