@@ -58,7 +58,7 @@ from jax.extend import core as jcore
 
 OPT_OUT_ENV = "GDN_NO_PROGRAM_STORE"
 SUBDIR = "gdn-programs"
-FORMAT = b"gdn-program-store/3"
+FORMAT = b"gdn-program-store/4"
 READ_ONLY_MIN_COMPILE_SECS = 1e8      # compile_cache's read-only setting
 
 # Configuration values that say where and whether things are logged or
@@ -223,10 +223,9 @@ class _Walk:
             self.aval(x)
         elif isinstance(x, (jax.sharding.Mesh, jax.sharding.AbstractMesh, jax.sharding.Sharding,
                             jax.sharding.PartitionSpec)):
-            if _devices_of(x) > 1:
-                raise NotStorable("a program over several devices (a loaded one takes no "
-                                  "host arrays)")
             self.tag(f"{type(x).__qualname__}:{_checked_repr(x)}")
+            if _devices_of(x) > 1:
+                self.tag(f"devices:{_device_ids(x)}")
         elif isinstance(x, jax.tree_util.PyTreeDef):
             self.tag(_checked_repr(x))
         elif callable(x):
@@ -247,6 +246,23 @@ def _devices_of(x) -> int:
         return int(x.size)
     except Exception:
         return 2
+
+
+def _device_ids(x) -> tuple:
+    """The device ids of a mesh or sharding over several devices, in its
+    order (its printed form names axis sizes, not which device is where);
+    NotStorable where it cannot say."""
+    try:
+        mesh = (x if isinstance(x, (jax.sharding.Mesh, jax.sharding.AbstractMesh))
+                else getattr(x, "mesh", None))
+        if isinstance(mesh, jax.sharding.AbstractMesh):
+            return ("abstract",)
+        if isinstance(mesh, jax.sharding.Mesh):
+            return tuple(np.asarray(mesh.device_ids).reshape(-1).tolist()) + mesh.device_ids.shape
+        return tuple(d.id for d in x._device_assignment)
+    except Exception as err:
+        raise NotStorable(f"a sharding whose devices cannot be read ({type(x).__qualname__})") \
+            from err
 
 
 def _checked_repr(x) -> str:
@@ -352,9 +368,11 @@ _ready = {"done": False}
 def _load(path: str):
     try:
         with open(path, "rb") as f:
-            payload, in_tree, out_tree = pickle.loads(zlib.decompress(f.read()))
+            payload, in_tree, out_tree, device_ids = pickle.loads(zlib.decompress(f.read()))
         _ready_for_custom_calls()
-        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        by_id = {d.id: d for d in jax.devices()}
+        return serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids])
     except FileNotFoundError:
         return None
     except Exception:              # unreadable or from another build: compile anew
@@ -363,11 +381,22 @@ def _load(path: str):
 
 def _save(path: str, compiled) -> bool:
     try:
-        blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled)), 1)
+        blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled)
+                                          + (_device_ids_of(compiled),)), 1)
     except Exception:              # e.g. a tree node class pickle cannot name
         return False
     write_whole(path, blob)
     return True
+
+
+def _device_ids_of(compiled) -> Tuple[int, ...]:
+    """The ids of the devices the executable runs on, in its device
+    assignment's order: loaded, it is put on exactly those (jax's loader
+    would put it on every device of the process: in the mesh worker's
+    8-device process a one-device program then takes no host arrays,
+    jaxlib 0.10.2: "Expected args to execute_sharded_on_local_devices to
+    have 8 shards")."""
+    return tuple(d.id for d in compiled._executable._unloaded_executable.device_list)
 
 
 def write_whole(path: str, blob: bytes) -> None:
@@ -460,15 +489,6 @@ def call(jitted, *args):
     return out
 
 
-def _one_device(compiled) -> bool:
-    """Whether the program runs on one device: a loaded program of several
-    takes no host arrays (jaxlib 0.10.2: "Expected args to
-    execute_sharded_on_local_devices to have 8 shards"), so those are not
-    stored (the mesh worker's sharded programs)."""
-    shardings = jax.tree.leaves((compiled.input_shardings, compiled.output_shardings))
-    return all(len(s.device_set) == 1 for s in shardings)
-
-
 def _discard(path: Optional[str]) -> None:
     try:
         if path:
@@ -482,7 +502,7 @@ def _build(jitted, args, store_dir: str, writable: bool) -> _Entry:
     and compiled (through the persistent cache) and stored. An executable
     the persistent cache served is not stored: XLA:CPU serializes such a
     one without its compiled functions (jaxlib 0.10.2: it loads, then fails
-    to run with "Function ... not found"); nor is one on several devices."""
+    to run with "Function ... not found")."""
     traced = jitted.trace(*args)
     try:
         path = os.path.join(store_dir, program_key(traced) + ".program")
@@ -497,7 +517,7 @@ def _build(jitted, args, store_dir: str, writable: bool) -> _Entry:
         return _Entry(compiled, True, path)
     reads = _cache_reads["n"]
     compiled = traced.lower().compile()
-    if writable and _cache_reads["n"] == reads and _one_device(compiled) and _save(path, compiled):
+    if writable and _cache_reads["n"] == reads and _save(path, compiled):
         with _lock:
             _counts["stored"] += 1
     return _Entry(compiled, False)

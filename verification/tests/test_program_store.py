@@ -169,7 +169,7 @@ if sys.argv[2] == "third":
     os.makedirs(store, exist_ok=True)
     served = traced.lower().compile()                   # from the persistent cache
     with open(path, "wb") as fh:
-        fh.write(zlib.compress(pickle.dumps(serialize_executable.serialize(served))))
+        fh.write(zlib.compress(pickle.dumps(serialize_executable.serialize(served) + ((0,),))))
 out = program_store.call(f, x, x)
 print(json.dumps({"counts": program_store.counts(), "out": float(np.asarray(out[0]).sum()),
                   "files": len(os.listdir(store)) if os.path.isdir(store) else 0}))
@@ -231,6 +231,59 @@ def test_a_stored_program_calling_lapack_runs_in_a_fresh_process(tmp_path):
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert runs[0]["counts"]["stored"] == 1 and runs[1]["counts"]["loaded"] == 1, runs
     assert runs[1]["counts"]["reloaded"] == 0 and runs[0]["out"] == runs[1]["out"]
+
+
+# Two processes of 4 CPU devices on one cache directory (the mesh worker's
+# kind of process): a program over a (2, 2) mesh and a one-device program,
+# stored by the first, loaded by the second onto the devices each was
+# compiled for. Loaded onto every device of the process (jax's loader
+# default), the one-device program refused its host arrays (jaxlib 0.10.2:
+# "Expected args to execute_sharded_on_local_devices to have 4 shards"), and
+# the store kept no program of the mesh worker at all. The same program on
+# the devices in another order has another key.
+MESH_SCRIPT = r"""
+import json, os, sys
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from verification.engine import program_store
+
+def on(devices):
+    mesh = Mesh(np.array(devices).reshape(2, 2), ("data", "model"))
+    def f(x, y):
+        x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("data", "model")))
+        return jnp.tanh(x) @ y.T, x.sum()
+    return jax.jit(f)
+
+meshed, reversed_ = on(jax.devices()), on(jax.devices()[::-1])
+one = jax.jit(lambda x, y: (jnp.tanh(x) @ y.T, x.sum()))
+x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+keys = [program_store.program_key(f.trace(x, x)) for f in (meshed, reversed_)]
+outs = [program_store.call(f, x, x) for f in (meshed, one)]
+print(json.dumps({"counts": program_store.counts(), "distinct_keys": keys[0] != keys[1],
+                  "out": [float(np.asarray(o[0]).sum()) for o in outs]}))
+"""
+
+
+def test_programs_of_a_process_of_several_devices_load_onto_their_devices(tmp_path):
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("JAX_") and k != program_store.OPT_OUT_ENV}
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(tmp_path)], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0]["counts"]["stored"] == 2 and runs[1]["counts"]["loaded"] == 2, runs
+    assert runs[1]["counts"]["reloaded"] == 0, runs
+    assert runs[0]["out"] == runs[1]["out"] and runs[0]["distinct_keys"], runs
 
 
 def test_a_key_that_cannot_be_computed_only_means_not_stored(tmp_path, monkeypatch):
