@@ -9,6 +9,8 @@ lattice, not by rejecting examples.
 
 from __future__ import annotations
 
+import functools
+
 from hypothesis import event, reject
 from hypothesis import strategies as st
 
@@ -82,6 +84,21 @@ def _draw_geometry(draw, rows, knobs, where, packed, long_rows=False):
     return geo, chunk, lattice.seq_len(geo["length"], chunk), geo["layout"], geo["batch"]
 
 
+def yields(case_type):
+    """Mark a case strategy constructor: every strategy it builds draws
+    cases of case_type alone, said by its `case_type` attribute (the
+    registry reads it: what every case of a property asks of a target,
+    verification/engine/registry.py Property.not_checkable)."""
+    def mark(constructor):
+        @functools.wraps(constructor)
+        def build(*args, **kwargs):
+            strategy = constructor(*args, **kwargs)
+            strategy.case_type = case_type
+            return strategy
+        return build
+    return mark
+
+
 def _event_geometry(geo, length):
     event(f"T={geo['length']} (C={geo['chunk']})")
     event(f"dtypes {geo['dtypes'][0]}/{geo['dtypes'][1]}")
@@ -89,6 +106,7 @@ def _event_geometry(geo, length):
     event(f"G={group}; Dk{'=' if dk == dv else '!='}Dv")
 
 
+@yields(DeltaRuleCase)
 @st.composite
 def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
                      beta_regimes=regimes.BETA_REGIMES, stable=True, zero_rows=None,
@@ -150,6 +168,7 @@ def near_zero_rows(draw, batch, seq_len, k_heads, *, min_rows=0, max_rows=2,
     return tuple(rows)
 
 
+@yields(MixerCase)
 @st.composite
 def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
                 beta_regimes=regimes.BETA_REGIMES, near_zero=None, eps_values=(1e-6,),

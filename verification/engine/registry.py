@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from hypothesis import strategies as st
 from hypothesis import target as hypothesis_target
 
-from ..targets.declaration import case_needs, check_needs
+from ..targets.declaration import case_needs, case_type_needs, check_needs
 from ..tolerance import NOT_CHECKABLE, TensorError, format_table, worst
 
 FAMILIES = ("parity", "eps", "reduced_gradients", "metamorphic", "packing", "state", "sharding",
@@ -127,12 +127,23 @@ class Property:
     def doc(self) -> str:
         return (self.check.__doc__ or "").strip().splitlines()[0]
 
+    def needs_of_every_case(self) -> Tuple[str, ...]:
+        """What every case of its strategy asks (its cases of one type, asking
+        the default case_needs): a target lacking it takes none of them, so
+        the property is not checkable there before any case is drawn (a
+        layer-only target's core-op properties drew 2,000 candidates for
+        their claims and then every example, each refused)."""
+        case_type = getattr(self.strategy, "case_type", None)
+        if case_type is None or self.case_needs is not case_needs:
+            return ()
+        return case_type_needs(case_type)
+
     def not_checkable(self, target, case=None) -> Optional[str]:
         """Why this property cannot be checked on target (on this case: what
         it needs, and whether its shape is inside the target's declared
         limits), or None."""
         if case is None:
-            return target.not_checkable(self.needs)
+            return target.not_checkable(self.needs + self.needs_of_every_case())
         return (target.not_checkable(self.needs + self.case_needs(case))
                 or target.declaration.limits.refuses_case(case))
 
@@ -158,6 +169,22 @@ def tensor_not_checkable_row(name: str, reason: str) -> TensorError:
 
 def is_tensor_not_checkable(row: TensorError) -> bool:
     return row.note.startswith(TENSOR_NOT_CHECKABLE)
+
+
+def claim(predicate: Callable, *needs: str) -> Callable:
+    """A coverage claim whose every meeting case asks `needs` of a target
+    (case needs: targets.declaration.case_needs' NEEDS keys, "dtype:<name>",
+    "chunk_size:<n>", "qk_norm:<eps or off>"). On a target lacking one the
+    claim is unmet by its declaration, with the reason, and no case is
+    searched for it (verification/engine/claims.py); a meta-test checks the
+    needs on every case of the run that meets the claim."""
+    predicate.needs = tuple(needs)
+    return predicate
+
+
+def claim_needs(predicate) -> Tuple[str, ...]:
+    """What every case meeting this claim asks of a target (claim's needs)."""
+    return getattr(predicate, "needs", ())
 
 
 PROPERTIES: Dict[str, Property] = {}

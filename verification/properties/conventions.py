@@ -19,7 +19,7 @@ from strategies.cases import DeltaRuleCase
 
 from ..engine import runners
 from ..targets.adapters import recording_deviations
-from ..engine.registry import prop
+from ..engine.registry import claim, prop
 from ..tolerance import structural_row
 from .common import shape_dtype_row
 
@@ -34,9 +34,9 @@ BF16_ACTIVATIONS_F32_STATE = DeltaRuleCase(
       strategy=st.one_of(delta_rule_cases(), mixer_cases()), weight=0.5,
       wrong_target="verification.fixture_kernels.wrong_targets.gradients_in_q_dtype",
       examples=(BF16_ACTIVATIONS_F32_STATE,),
-      covers={"core op": lambda c: isinstance(c, DeltaRuleCase),
+      covers={"core op": claim(lambda c: isinstance(c, DeltaRuleCase), "core", "qk_norm:core"),
               "mixer": lambda c: not isinstance(c, DeltaRuleCase),
-              "bfloat16": lambda c: c.dtype == "bfloat16"})
+              "bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16")})
 def conventions_match_contract(target, case):
     """Outputs, final state and every cotangent come back in the contract's
     dtypes and shapes from the target's own code (an adapter's casts are

@@ -15,7 +15,7 @@ from strategies import lattice, mixer_cases
 from strategies.cases import MixerCase, NearZeroRow, replace
 
 from ..engine import runners
-from ..engine.registry import prop
+from ..engine.registry import claim, prop
 from ..tolerance import NOT_CHECKABLE, TensorError, compare_self, errors
 from .common import parity_rows
 
@@ -33,8 +33,8 @@ NEAR_ZERO_COVERS = {
     "exact-zero row": lambda c: any(r.magnitude == 0 for r in c.near_zero),
     "tiny row ~ sqrt(eps)": lambda c: any(1e-4 <= r.magnitude <= 1e-2 for r in c.near_zero),
     "k row": lambda c: any(r.which == "k" for r in c.near_zero),
-    "eps 1e-8": lambda c: c.eps == 1e-8,
-    "bfloat16": lambda c: c.dtype == "bfloat16",
+    "eps 1e-8": claim(lambda c: c.eps == 1e-8, "qk_norm:1e-08"),
+    "bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16"),
 }
 
 

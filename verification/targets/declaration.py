@@ -370,6 +370,13 @@ def precision_of(declaration: KernelDeclaration, case) -> str:
     return CONTRACT_PRECISION
 
 
+def case_type_needs(case_type) -> Tuple[str, ...]:
+    """What every case of this type asks, whatever its fields (case_needs'
+    own entries for it): its op, and for the core op q and k taken as given."""
+    from strategies.cases import MixerCase
+    return ("mixer",) if issubclass(case_type, MixerCase) else ("core", "qk_norm:core")
+
+
 def case_needs(case) -> Tuple[str, ...]:
     """What one case asks of the target: its op (the mixer, or the core op),
     activation dtype, chunk size, QK norm (none inside the core op; the

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from ..engine import claims, counterexamples, harness, mesh_worker
 from ..cli import replay
 from ..mutants import MUTANTS, PatchError, apply_patch, changed_functions, mutated_source
-from ..engine.registry import FAMILIES, PROPERTIES, PropertyFailure
+from ..engine.registry import FAMILIES, PROPERTIES, PropertyFailure, claim_needs
 from ..properties import load_all
 from ..targets import DEFAULT_TARGET, Target
 
@@ -88,6 +88,58 @@ def test_every_run_meets_every_claim(prop_id, profile):
     for i in range(len(plan.cases)):
         fewer = p.examples + plan.cases[:i] + plan.cases[i + 1:]
         assert claims.unmet_by(plan.claims, fewer), f"claim case {i} meets no claim alone"
+    for case in run:                  # what a claim declares every meeting case asks, each asks
+        for name in claims.claims_met(plan.claims, case):
+            assert set(claim_needs(plan.claims[name])) <= set(p.case_needs(case)), (name, case)
+
+
+@pytest.mark.parametrize("prop_id", sorted(PROPERTIES))
+def test_what_every_case_of_a_property_asks_is_asked_by_each(prop_id):
+    """The needs the registry takes every case of a property to ask (its
+    strategy's case type; a target lacking one makes the property not
+    checkable before any case is drawn), and those each claim declares
+    (registry.claim: unmet on such a target without a search), are asked by
+    each of its explicit examples and drawn cases (meeting the claim): a
+    property or a claim is never ruled out on a target that could take
+    some of its cases. Data only."""
+    p = PROPERTIES[prop_id]
+    every = set(p.needs_of_every_case())
+
+    @settings(max_examples=20, phases=[Phase.generate], **{k: v for k, v in _FAST.items()
+                                                           if k != "max_examples"})
+    @given(case=p.strategy)
+    def drawn(case):
+        assert every <= set(p.case_needs(case)), (case, every)
+        for name, predicate in {**p.covers, **p.gate_covers}.items():
+            if predicate(case):
+                assert set(claim_needs(predicate)) <= set(p.case_needs(case)), (name, case)
+
+    drawn()
+    for case in p.examples:
+        assert every <= set(p.case_needs(case)), (case, every)
+
+
+def test_a_target_lacking_what_every_case_asks_is_ruled_out_before_a_draw():
+    """A layer-only target: each core-op property is not checkable on it
+    as a whole, with the reason (no claim plan drawn, no example refused)."""
+    layer_only = _LayerOnly(Target.parse(DEFAULT_TARGET))
+    core_op = [p for p in PROPERTIES.values() if "core" in p.needs_of_every_case()]
+    assert {"delta_rule_forward_parity", "delta_rule_gradient_parity",
+            "split_invariance"} <= {p.id for p in core_op}
+    for p in core_op:
+        assert "a layer-only target" in p.not_checkable(layer_only), p.id
+    assert PROPERTIES["mixer_gradient_parity"].not_checkable(layer_only) is None
+
+
+class _LayerOnly:
+    """A target declaring no core op (for the test above)."""
+    def __init__(self, target):
+        self.target, self.declaration = target, target.declaration
+
+    def not_checkable(self, needs):
+        if "core" in needs:
+            return "the target exposes no core op (gated_delta_rule): a layer-only target"
+        return self.target.not_checkable(needs)
 
 
 def test_a_claim_no_case_meets_is_reported_with_its_reason():
