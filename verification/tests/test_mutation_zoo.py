@@ -122,7 +122,8 @@ def test_what_every_case_of_a_property_asks_is_asked_by_each(prop_id):
 def test_a_target_lacking_what_every_case_asks_is_ruled_out_before_a_draw():
     """A layer-only target: each core-op property is not checkable on it
     as a whole, with the reason (no claim plan drawn, no example refused)."""
-    layer_only = _LayerOnly(Target.parse(DEFAULT_TARGET))
+    layer_only = _Lacking(Target.parse(DEFAULT_TARGET), "core",
+                          "the target exposes no core op (gated_delta_rule): a layer-only target")
     core_op = [p for p in PROPERTIES.values() if "core" in p.needs_of_every_case()]
     assert {"delta_rule_forward_parity", "delta_rule_gradient_parity",
             "split_invariance"} <= {p.id for p in core_op}
@@ -131,15 +132,6 @@ def test_a_target_lacking_what_every_case_asks_is_ruled_out_before_a_draw():
     assert PROPERTIES["mixer_gradient_parity"].not_checkable(layer_only) is None
 
 
-class _LayerOnly:
-    """A target declaring no core op (for the test above)."""
-    def __init__(self, target):
-        self.target, self.declaration = target, target.declaration
-
-    def not_checkable(self, needs):
-        if "core" in needs:
-            return "the target exposes no core op (gated_delta_rule): a layer-only target"
-        return self.target.not_checkable(needs)
 
 
 def test_a_claim_no_case_meets_is_reported_with_its_reason():
@@ -148,12 +140,13 @@ def test_a_claim_no_case_meets_is_reported_with_its_reason():
     p = PROPERTIES["mixer_split_invariance"]
     odd = dataclasses.replace(p, id="claims_meta_probe", covers={
         **p.covers, "T=10000": lambda c: c.seq_len == 10000})
-    refusing = Target.parse(DEFAULT_TARGET)
+    refusing = _Lacking(Target.parse(DEFAULT_TARGET), "dtype:bfloat16",
+                        "the target declares no bfloat16")
     previous = settings.get_current_profile_name()
     settings.load_profile("dev")
     try:
         plan = claims._plan(odd, "values", None)
-        refused = claims._plan(dataclasses.replace(odd, needs=()), "values", _NoBfloat16(refusing))
+        refused = claims._plan(dataclasses.replace(odd, needs=()), "values", refusing)
     finally:
         settings.load_profile(previous)
     assert set(plan.unmet) == {"T=10000"} and "2000 draws" in plan.unmet["T=10000"]
@@ -162,14 +155,16 @@ def test_a_claim_no_case_meets_is_reported_with_its_reason():
                                plan.cases)
 
 
-class _NoBfloat16:
-    """A target that takes no bfloat16 case (for the probe above)."""
-    def __init__(self, target):
+class _Lacking:
+    """A target lacking one need (with this reason), else the target it wraps
+    (for the probes above)."""
+    def __init__(self, target, need: str, reason: str):
         self.target, self.declaration = target, target.declaration
+        self.need, self.reason = need, reason
 
     def not_checkable(self, needs):
-        if "dtype:bfloat16" in needs:
-            return "the target declares no bfloat16"
+        if self.need in needs:
+            return self.reason
         return self.target.not_checkable(needs)
 
 

@@ -216,7 +216,9 @@ print(json.dumps({"counts": program_store.counts(), "out": float(np.asarray(out)
 """
 
 
-def test_a_stored_program_calling_lapack_runs_in_a_fresh_process(tmp_path):
+def _two_processes(script: str, cache_dir) -> list:
+    """What the script printed last (JSON), run twice, each in a fresh
+    process on the same compile cache directory (the store's)."""
     import json
     import subprocess
     import sys
@@ -225,10 +227,15 @@ def test_a_stored_program_calling_lapack_runs_in_a_fresh_process(tmp_path):
            if not k.startswith("JAX_") and k != program_store.OPT_OUT_ENV}
     runs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", LAPACK_SCRIPT, str(tmp_path)], cwd=root,
+        proc = subprocess.run([sys.executable, "-c", script, str(cache_dir)], cwd=root,
                               env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def test_a_stored_program_calling_lapack_runs_in_a_fresh_process(tmp_path):
+    runs = _two_processes(LAPACK_SCRIPT, tmp_path)
     assert runs[0]["counts"]["stored"] == 1 and runs[1]["counts"]["loaded"] == 1, runs
     assert runs[1]["counts"]["reloaded"] == 0 and runs[0]["out"] == runs[1]["out"]
 
@@ -269,18 +276,7 @@ print(json.dumps({"counts": program_store.counts(), "distinct_keys": keys[0] != 
 
 
 def test_programs_of_a_process_of_several_devices_load_onto_their_devices(tmp_path):
-    import json
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("JAX_") and k != program_store.OPT_OUT_ENV}
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(tmp_path)], cwd=root,
-                              env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    runs = _two_processes(MESH_SCRIPT, tmp_path)
     assert runs[0]["counts"]["stored"] == 2 and runs[1]["counts"]["loaded"] == 2, runs
     assert runs[1]["counts"]["reloaded"] == 0, runs
     assert runs[0]["out"] == runs[1]["out"] and runs[0]["distinct_keys"], runs
