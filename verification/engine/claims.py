@@ -18,8 +18,9 @@ summary, never dropped silently. Where the claim declares what every case
 meeting it asks (registry.claim: packed rows, GVA, bfloat16, no QK norm...)
 and the target's declaration lacks it, that is known without a search:
 such claims had cost a restricted target's plans all CANDIDATE_DRAWS draws
-each (a layer fixture's dev plans: 100 s, now 10 s). What the run's cases met is measured on the
-cases the target checked (harness.check_property) and shown per property.
+each (a layer fixture's dev plans: 100 s, now 10 s). What the run's cases
+met is measured on the cases the target checked (harness.check_property) and
+shown per property.
 
 A plan is kept in this process and across runs (the plan store, below:
 beside the program store in the compile cache, keyed by the suite's own
@@ -44,8 +45,6 @@ from strategies import lattice
 from strategies.cases import case_from_json, case_to_json
 
 from . import program_store
-from .registry import claim_needs
-from ..targets.declaration import case_needs
 from ..targets import Target
 
 # The most draws of a property's strategy searched for its claim cases (the
@@ -256,16 +255,6 @@ def _keep_plan(where: Optional[Tuple[str, bool]], kept: ClaimPlan) -> None:
         {"cases": [case_to_json(c) for c in kept.cases], "unmet": dict(kept.unmet)}).encode())
 
 
-def declined_by_declaration(p, predicate, target) -> Optional[str]:
-    """Why the target takes no case meeting this claim, read from its
-    declaration alone (the needs the claim declares, registry.claim), or
-    None: then only draws can tell."""
-    needs = claim_needs(predicate)
-    if target is None or not needs or p.case_needs is not case_needs:
-        return None
-    return target.not_checkable(needs)
-
-
 def _plan(p, covering: str, target) -> ClaimPlan:
     claims = claims_of(p, covering)
     unmet = ({name: p.gate_only_why or GATE_ONLY for name in p.gate_covers}
@@ -278,7 +267,7 @@ def _plan(p, covering: str, target) -> ClaimPlan:
                                       if not takes(c)))
     wanted = frozenset(claims) - by_examples
     for name in sorted(wanted):
-        declined = declined_by_declaration(p, claims[name], target)
+        declined = None if target is None else p.claim_not_checkable(target, claims[name])
         if declined:
             unmet[name] = f"the target does not take the cases that meet it ({declined})"
     wanted -= frozenset(unmet)

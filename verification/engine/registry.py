@@ -138,6 +138,16 @@ class Property:
             return ()
         return case_type_needs(case_type)
 
+    def claim_not_checkable(self, target, predicate) -> Optional[str]:
+        """Why the target takes no case meeting this claim of the property,
+        read from its declaration alone (the needs the claim declares,
+        claim() below, where its cases ask the default case_needs), or None:
+        then only draws can tell."""
+        needs = claim_needs(predicate)
+        if not needs or self.case_needs is not case_needs:
+            return None
+        return target.not_checkable(needs)
+
     def not_checkable(self, target, case=None) -> Optional[str]:
         """Why this property cannot be checked on target (on this case: what
         it needs, and whether its shape is inside the target's declared

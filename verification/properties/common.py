@@ -1,5 +1,6 @@
 """Helpers shared by the property families: which dtype's bounds a tensor is
-judged by, the oracle-parity rows, and shape/dtype rows."""
+judged by, the oracle-parity rows, shape/dtype rows, and the coverage claims
+several families make (each with what every case meeting it asks)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ import numpy as np
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from ..engine import runners
+from ..engine.registry import claim
 from ..tolerance import TensorError, compare_to_oracle, precision_in_force, structural_row
+
+
+# Coverage claims shared by the families, with what every case meeting each
+# asks of a target (registry.claim).
+BFLOAT16 = claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16")
+GVA = claim(lambda c: c.group > 1, "gva")
+PACKED = claim(lambda c: bool(c.segments), "segment_ids")
+CORE_OP = claim(lambda c: isinstance(c, DeltaRuleCase), "core", "qk_norm:core")
+CHUNK_128 = claim(lambda c: c.chunk == 128, "chunk_size:128")
 
 
 def dtype_of(case, name: str) -> str:

@@ -19,9 +19,9 @@ from strategies.cases import DeltaRuleCase
 
 from ..engine import runners
 from ..targets.adapters import recording_deviations
-from ..engine.registry import claim, prop
+from ..engine.registry import prop
 from ..tolerance import structural_row
-from .common import shape_dtype_row
+from .common import BFLOAT16, CORE_OP, shape_dtype_row
 
 # float32 state and bfloat16 activations: a kernel returning every gradient
 # in q's dtype deviates on initial_state (the wrong target's failure).
@@ -34,9 +34,9 @@ BF16_ACTIVATIONS_F32_STATE = DeltaRuleCase(
       strategy=st.one_of(delta_rule_cases(), mixer_cases()), weight=0.5,
       wrong_target="verification.fixture_kernels.wrong_targets.gradients_in_q_dtype",
       examples=(BF16_ACTIVATIONS_F32_STATE,),
-      covers={"core op": claim(lambda c: isinstance(c, DeltaRuleCase), "core", "qk_norm:core"),
+      covers={"core op": CORE_OP,
               "mixer": lambda c: not isinstance(c, DeltaRuleCase),
-              "bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16")})
+              "bfloat16": BFLOAT16})
 def conventions_match_contract(target, case):
     """Outputs, final state and every cotangent come back in the contract's
     dtypes and shapes from the target's own code (an adapter's casts are

@@ -17,7 +17,7 @@ from strategies.cases import MixerCase, NearZeroRow, replace
 from ..engine import runners
 from ..engine.registry import claim, prop
 from ..tolerance import NOT_CHECKABLE, TensorError, compare_self, errors
-from .common import parity_rows
+from .common import BFLOAT16, parity_rows
 
 NEAR_ZERO_EPS = (1e-6, 1e-5, 1e-8)
 
@@ -34,7 +34,7 @@ NEAR_ZERO_COVERS = {
     "tiny row ~ sqrt(eps)": lambda c: any(1e-4 <= r.magnitude <= 1e-2 for r in c.near_zero),
     "k row": lambda c: any(r.which == "k" for r in c.near_zero),
     "eps 1e-8": claim(lambda c: c.eps == 1e-8, "qk_norm:1e-08"),
-    "bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16"),
+    "bfloat16": BFLOAT16,
 }
 
 

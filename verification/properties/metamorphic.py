@@ -13,7 +13,7 @@ from strategies.cases import DeltaRuleCase, MixerCase, replace
 from ..engine import runners
 from ..engine.registry import claim, prop
 from ..tolerance import compare_self
-from .common import dtype_of
+from .common import BFLOAT16, dtype_of
 
 
 def _f32(geo) -> bool:
@@ -144,7 +144,8 @@ def batch_independence(target, case: MixerCase):
 @prop("gva_equals_explicit_repeat", family="metamorphic",
       strategy=delta_rule_cases(where=lambda g: _f32(g) and g["layout"][1] > 1), weight=0.5,
       wrong_target="gdn_mutant_gva_tile_not_repeat:xla", needs=("gva",),
-      covers={"G=2": claim(lambda c: c.group == 2, "gva"), "G=4": claim(lambda c: c.group == 4, "gva"),
+      covers={"G=2": claim(lambda c: c.group == 2, "gva"),
+              "G=4": claim(lambda c: c.group == 4, "gva"),
               "Hk=2": lambda c: c.k_heads == 2})
 def gva_equals_explicit_repeat(target, case: DeltaRuleCase):
     """GVA: q, k at Hk heads give the same output as q, k repeated G times
@@ -172,7 +173,7 @@ def gva_equals_explicit_repeat(target, case: DeltaRuleCase):
 
 @prop("determinism", family="metamorphic", strategy=mixer_cases(), weight=0.5,
       wrong_target="verification.fixture_kernels.wrong_targets.nondeterministic",
-      covers={"bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16")})
+      covers={"bfloat16": BFLOAT16})
 def determinism(target, case: MixerCase):
     """Two runs of gdn_decoupled_conv1d (output and every cotangent) are
     bitwise identical."""

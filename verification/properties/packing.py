@@ -14,9 +14,9 @@ from strategies.cases import DeltaRuleCase, MixerCase, replace
 from strategies.segments import layouts_from_ids, padding_mask
 
 from ..engine import runners
-from ..engine.registry import claim, prop
+from ..engine.registry import prop
 from ..tolerance import compare_self, structural_row
-from .common import dtype_of, parity_rows
+from .common import BFLOAT16, GVA, dtype_of, parity_rows
 
 # Inputs with a token axis (axis 1 is T) and the per-token cotangents that
 # must be exactly 0 at padding.
@@ -25,8 +25,8 @@ PARAMS = ("a_log", "dt_bias")
 
 PACKED_COVERS = {
     "strong decay": lambda c: c.gate_regime == "strong_decay",
-    "bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16"),
-    "GVA": claim(lambda c: c.group > 1, "gva"),
+    "bfloat16": BFLOAT16,
+    "GVA": GVA,
     "T=C+1 or longer": lambda c: c.seq_len >= c.chunk + 1,
     "all-padding row": lambda c: any(all(i == 0 for i, _ in row) for row in c.segments),
     "several documents": lambda c: any(len(documents(r)) > 1 for r in segment_ids_of(c)),

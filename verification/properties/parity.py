@@ -10,7 +10,7 @@ from strategies.inputs import chunk_geometry, closest_key_pair, deepest_chunk_lo
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from ..engine.registry import claim, prop
-from .common import parity_rows
+from .common import BFLOAT16, CHUNK_128, GVA, parity_rows
 
 # Regressions found by this suite (docs/kernel-authors.md, "Findings").
 STRONG_DECAY_T15 = DeltaRuleCase(batch=1, seq_len=15, k_heads=1, group=1, dk=16, dv=16,
@@ -44,14 +44,14 @@ MIXER_THREE_CHUNKS_T53 = MixerCase(batch=1, seq_len=53, k_heads=1, group=2, dk=1
 DELTA_COVERS = {
     "T=1": lambda c: c.seq_len == 1,
     "T=C+1": lambda c: c.seq_len == c.chunk + 1,
-    "GVA": claim(lambda c: c.group > 1, "gva"),
+    "GVA": GVA,
     "Dk!=Dv": lambda c: c.dk != c.dv,
-    "bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16"),
+    "bfloat16": BFLOAT16,
     "strong decay": lambda c: c.gate_regime == "strong_decay",
     "beta ~ 0": lambda c: c.beta_regime == "zero",
     "zero q/k row": lambda c: bool(c.zero_rows),
     "initial state": claim(lambda c: c.has_initial_state, "initial_state"),
-    "C=128": claim(lambda c: c.chunk == 128, "chunk_size:128"),
+    "C=128": CHUNK_128,
     # the keys' geometry, measured on the inputs (cheap cases tried first)
     "mean in-chunk key cosine >= 0.9": lambda c: (c.key_cosine >= 0.9 and c.seq_len >= 16
                                                   and chunk_geometry(c)[0] >= 0.9),
@@ -70,7 +70,7 @@ DELTA_COVERS = {
 }
 MIXER_COVERS = {
     "T=1": lambda c: c.seq_len == 1,
-    "GVA": claim(lambda c: c.group > 1, "gva"),
+    "GVA": GVA,
     "bfloat16 params": lambda c: c.param_dtype == "bfloat16",
     "[B,Hv] a_log": lambda c: len(c.a_log_shape) == 2 and c.a_log_shape[0] == c.batch > 1,
     "[B,T,Hv] dt_bias": lambda c: len(c.dt_bias_shape) == 3 and c.dt_bias_shape[:2] == (
@@ -79,7 +79,7 @@ MIXER_COVERS = {
     "large a_log": lambda c: c.gate_regime == "large_a_log",
     "no qk norm": claim(lambda c: not c.use_qk_norm, "qk_norm:off"),
     "near-zero row": lambda c: bool(c.near_zero),
-    "C=128": claim(lambda c: c.chunk == 128, "chunk_size:128"),
+    "C=128": CHUNK_128,
 }
 
 

@@ -39,10 +39,10 @@ from strategies.mesh import (MESH_DEVICES, MESH_KINDS, MeshKind, fit_case, mesh_
 from strategies.state import incoming_state, pieces
 
 from ..engine import runners
-from ..engine.registry import claim, prop
+from ..engine.registry import prop
 from ..targets import Target, make_mesh, sharded_ops
 from ..tolerance import TensorError, compare_sharded, structural_row
-from .common import names_argument
+from .common import CORE_OP, PACKED, names_argument
 from .state import tensor_dtype
 
 
@@ -189,7 +189,7 @@ MIXER_GVA_SPLIT = (mixer_case("gva2-2keys-dk<dv", 2, 33, 16, seed=1, param_rank=
       strategy=st.one_of(delta_rule_cases(), delta_rule_cases(packed=True)),
       wrong_target="gdn_mutant_sharded_initial_state_ignored:xla", weight=0.1,
       devices=MESH_DEVICES, needs=("sharded",), examples=DELTA_GVA_SPLIT,
-      covers={**HEAD_SPLIT_GVA, "packed": claim(lambda c: bool(c.segments), "segment_ids")},
+      covers={**HEAD_SPLIT_GVA, "packed": PACKED},
       gate_covers=MESH_COVERS, gate_only_why=MESH_LAYOUTS_GATE_ONLY)
 def sharded_delta_rule_equals_one_device(target, case: DeltaRuleCase):
     """gated_delta_rule over a mesh of 8 devices equals the one-device op
@@ -241,7 +241,7 @@ def _mixer_shard_rows(one: Target, case, kind, shard, inputs, state, m_out):
       wrong_target="gdn_mutant_sharded_value_heads_by_key_index:xla", weight=0.1,
       devices=MESH_DEVICES, needs=("sharded", "carried_state", "incoming_conv_state"),
       examples=MIXER_GVA_SPLIT,
-      covers={**HEAD_SPLIT_GVA, "packed": claim(lambda c: bool(c.segments), "segment_ids"),
+      covers={**HEAD_SPLIT_GVA, "packed": PACKED,
               "a_log with a batch axis": lambda c: param_has_batch_axis(c.a_log_shape,
                                                                         c.batch)},
       gate_covers=MESH_COVERS, gate_only_why=MESH_LAYOUTS_GATE_ONLY)
@@ -437,7 +437,7 @@ MIXER_UNUSED_AXIS = (
       wrong_target="gdn_mutant_sharded_conv_state_replicated:xla", weight=0.1,
       devices=MESH_DEVICES, needs=("sharded",),
       covers={**MESH_COVERS, "mixer": lambda c: isinstance(c, MixerCase),
-              "core op": claim(lambda c: isinstance(c, DeltaRuleCase), "core", "qk_norm:core")})
+              "core op": CORE_OP})
 def sharded_code_communicates_only_as_allowed(target, case):
     """The compiled forward + backward over a mesh of 8 devices holds no
     collective in the core op; in the mixer only all-reduces of the shared

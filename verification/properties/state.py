@@ -19,10 +19,10 @@ from strategies.cases import MixerCase, replace
 from strategies.state import DECODE_LOOP_STEPS, decode_steps, incoming_state, pieces
 
 from ..engine import runners
-from ..engine.registry import claim, prop, tensor_not_checkable_row
+from ..engine.registry import prop, tensor_not_checkable_row
 from ..targets.declaration import INCOMING_CONV_STATE_IGNORED
 from ..tolerance import compare_handoff, compare_self, compare_to_oracle, structural_row
-from .common import at_declared_precision, dtype_of
+from .common import BFLOAT16, GVA, PACKED, at_declared_precision, dtype_of
 
 STATE_OUTPUTS = ("o", "conv", "recurrent")
 # Gradients summed over tokens: their terms cancel, so the summation order a
@@ -115,7 +115,7 @@ SPLIT_COVERS = {
 @prop("mixer_split_invariance", family="state", strategy=mixer_cases(where=_splittable),
       wrong_target="gdn_mutant_conv_state_from_outputs:xla", weight=0.25,
       needs=("carried_state", "incoming_conv_state"),
-      covers={**SPLIT_COVERS, "bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16"),
+      covers={**SPLIT_COVERS, "bfloat16": BFLOAT16,
               "K=4": lambda c: c.conv_width == 4},
       on_sharded_target=True)
 def mixer_split_invariance(target, case: MixerCase):
@@ -139,7 +139,7 @@ def _near_zero_on_decode_tokens(case: MixerCase) -> MixerCase:
       strategy=mixer_cases(where=_splittable, near_zero=True),
       wrong_target="gdn_mutant_decode_without_decay:xla", weight=0.25,
       needs=("carried_state", "incoming_conv_state"),
-      covers={"bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16"),
+      covers={"bfloat16": BFLOAT16,
               "several decode steps": lambda c: decode_steps(c) >= 3,
               "exact-zero row": lambda c: any(r.magnitude == 0 for r in c.near_zero),
               "tiny row": lambda c: any(r.magnitude > 0 for r in c.near_zero)})
@@ -156,7 +156,7 @@ def prompt_then_decode(target, case: MixerCase):
       strategy=st.one_of(mixer_cases(), mixer_cases(packed=True)),
       wrong_target="gdn_mutant_incoming_state_gradient_dropped:xla", weight=0.25,
       needs=("carried_state",),
-      covers={"packed": claim(lambda c: bool(c.segments), "segment_ids"), "bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16"),
+      covers={"packed": PACKED, "bfloat16": BFLOAT16,
               "T=1": lambda c: c.seq_len == 1, "T=C+1 or longer": lambda c: c.seq_len > c.chunk},
       on_sharded_target=True)
 def state_gradient_parity(target, case: MixerCase):
@@ -247,7 +247,7 @@ def decode_drift(target, case: MixerCase):
       strategy=mixer_cases(where=_no_time_params, near_zero=False),
       wrong_target="verification.fixture_kernels.wrong_targets.recompiling_decode", weight=0.1,
       needs=("carried_state",),
-      covers={"bfloat16": claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16"), "GVA": claim(lambda c: c.group > 1, "gva")})
+      covers={"bfloat16": BFLOAT16, "GVA": GVA})
 def decode_compiles_once(target, case: MixerCase):
     """A decode loop of 256 single-token calls compiles nothing after its
     first step: one program serves every step of a shape."""
