@@ -27,6 +27,7 @@ TARGET_OPTION, TARGET_INI, TARGET_ENV = "--gdn-target", "gdn_target", "GDN_TARGE
 SCOPES = ("properties", "all")
 EXAMPLES_ENV = "GDN_EXAMPLES"      # the same as --gdn-examples
 REPORT_OPTION, REPORT_ENV = "--gdn-report", "GDN_STATS_FILE"
+PROGRESS_OPTION, PROGRESS_EVERY_S = "--gdn-progress-every", 10.0
 # The suite's plugin module, imported only once a target is named.
 SUITE_PLUGIN = "verification.plugin"
 
@@ -63,6 +64,11 @@ def pytest_addoption(parser):
     group.addoption(REPORT_OPTION, default=None, metavar="FILE",
                     help=f"write the run's JSON report here: verdicts and per-property "
                          f"statistics (env {REPORT_ENV}, an alias)")
+    group.addoption(PROGRESS_OPTION, default=PROGRESS_EVERY_S, type=float, metavar="SECONDS",
+                    help="while a property runs, a line of its examples done of planned "
+                         "every SECONDS of it (default %(default)s; 0: after every "
+                         "example); under pytest-xdist each worker's lines go to standard "
+                         "error, named by the worker")
     parser.addini(TARGET_INI, "the kernel module the gdn-verify suite runs on "
                               "(activates the suite)", default=None)
 

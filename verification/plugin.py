@@ -15,15 +15,18 @@ imported or resolved is a usage error (exit 4).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import sys
 import time
 from typing import Dict
 
 import pytest
 
-from gdn_verify.pytest_plugin import EXAMPLES_ENV, TARGET_ENV, report_path
+from gdn_verify.pytest_plugin import (EXAMPLES_ENV, PROGRESS_EVERY_S, PROGRESS_OPTION,
+                                      TARGET_ENV, report_path)
 
 SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 PROPERTY_TESTS = os.path.join(SUITE_DIR, "tests", "test_properties.py")
@@ -87,8 +90,7 @@ class SuiteRun:
                 raise pytest.UsageError(str(err)) from None
         # this run's state: options, per-property statistics, failures
         self.session = harness.begin_session(harness.Session(options))
-        if getattr(config, "workeroutput", None) is None:    # not a pytest-xdist worker
-            self.session.progress = Progress(config).line
+        self.session.progress = Progress(config, config.getoption(PROGRESS_OPTION)).line
         if config.args_source != pytest.Config.ArgsSource.ARGS:
             config.args[:] = [SUITE_DIR if self.scope == "all" else PROPERTY_TESTS]
         self.start, self.compiles0 = time.perf_counter(), self._compiles()
@@ -126,34 +128,38 @@ class SuiteRun:
 
 
 class Progress:
-    """A line on the terminal while a long property runs: examples done of
-    planned, every PROGRESS_EVERY_S seconds of it (in a session that runs
-    its tests itself; under pytest-xdist a worker's output does not reach
-    the terminal, and the line of each property comes when it ends)."""
+    """A line while a long property runs: its examples done of planned,
+    every `every_s` seconds of it (--gdn-progress-every). A session that
+    runs its tests itself writes it on the terminal reporter; a
+    pytest-xdist worker, whose terminal output goes nowhere, writes it on
+    its standard error, which pytest-xdist leaves the controller's (the
+    terminal's), named by the worker: `gdn-verify [gw1]: ...`."""
 
-    PROGRESS_EVERY_S = 10.0
-
-    def __init__(self, config, clock=time.perf_counter):
-        self.config, self.clock = config, clock
+    def __init__(self, config, every_s: float = PROGRESS_EVERY_S, clock=time.perf_counter):
+        self.config, self.every_s, self.clock = config, every_s, clock
+        self.worker = (getattr(config, "workerinput", None) or {}).get("workerid")
         self.last: Dict[str, float] = {}
 
     def line(self, prop: str, stats, planned: int) -> None:
         now = self.clock()
         last = self.last.setdefault(prop, now - stats.seconds)
-        if now - last < self.PROGRESS_EVERY_S:
+        if now - last < self.every_s:
             return
         self.last[prop] = now
-        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
-        if terminal is None:
-            return
         of = f" of {planned} planned" if planned else ""
-        text = f"gdn-verify: {prop}: running, {stats.examples} example(s) done{of} " \
-               f"[{stats.seconds:.0f} s]"
+        text = f"{prop}: running, {stats.examples} example(s) done{of} [{stats.seconds:.0f} s]"
         capture = self.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            if self.worker is not None:
+                sys.stderr.write(f"gdn-verify [{self.worker}]: {text}\n")
+                sys.stderr.flush()
+                return
+            terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is None:
+                return
             if getattr(terminal, "_width_of_current_line", 0):
                 terminal.write("\n")
-            terminal.write_line(text)
+            terminal.write_line(f"gdn-verify: {text}")
 
 
 class Collection:
@@ -251,6 +257,8 @@ class Recording:
         from .summary import progress_line
         seconds = self.run.test_seconds
         seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
+        if getattr(report, "node", None) is not None:     # from a pytest-xdist worker
+            self._hypothesis_statistics_to_junit(report)
         payload = dict(report.user_properties).get(STATS_KEY)
         if payload is None:
             return
@@ -263,6 +271,19 @@ class Recording:
             if getattr(terminal, "_width_of_current_line", 0):   # after xdist's dots
                 terminal.write("\n")
             terminal.write_line(f"gdn-verify: {progress_line(name, st)}")
+
+    def _hypothesis_statistics_to_junit(self, report) -> None:
+        """A worker's test statistics into the JUnit report, as Hypothesis's
+        plugin puts them there in a serial run: its plugin adds them only in
+        the process that writes the report, and under pytest-xdist that is
+        the controller, which gets them in the test's teardown report."""
+        from _hypothesis_pytestplugin import STATS_KEY as HYPOTHESIS_STATS_KEY
+        from _pytest.junitxml import xml_key
+        stats = report.__dict__.get(HYPOTHESIS_STATS_KEY)
+        xml = self.run.config.stash.get(xml_key, None)
+        if stats and xml is not None:
+            xml.add_global_property("hypothesis-statistics-" + report.nodeid,
+                                    base64.b64encode(stats.encode()).decode())
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):

@@ -4,6 +4,7 @@ counterexamples that replay under the settings they were found under."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -137,28 +138,38 @@ def test_ci_set_and_no_profile_named_loads_the_ci_profile(ci, profile):
     assert f"derandomize={profile == 'ci'}" in proc.stdout, proc.stdout[:2000]
 
 
-def test_property_tests_are_hypothesis_tests_to_its_plugin(tmp_path):
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_property_tests_are_hypothesis_tests_to_its_plugin(tmp_path, workers):
     """The properties' tests are Hypothesis tests to Hypothesis's pytest
     plugin: `-m hypothesis` selects them, `--hypothesis-show-statistics`
     prints each one's statistics with the strategies' events, and the JUnit
-    report carries them (a serial run: pytest-xdist keeps them out of it).
-    CI set: the ci profile (no example database: every example is drawn)."""
+    report carries them, in a serial run and under pytest-xdist (whose
+    workers' statistics Hypothesis's plugin leaves out of it). A progress
+    line comes while each property runs: on the terminal, or from an xdist
+    worker on standard error, named by the worker. CI set: the ci profile
+    (no example database: every example is drawn)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GDN_PROFILE", "CI")}
     env["CI"] = "true"
     junit = tmp_path / "junit.xml"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                            "--gdn-target", SCAN, "--gdn-properties", "determinism,causality",
-                           "--gdn-examples", "2", "-m", "hypothesis",
-                           "--hypothesis-show-statistics", f"--junit-xml={junit}"],
+                           "--gdn-examples", "2", "-m", "hypothesis", "--gdn-progress-every=0",
+                           "--hypothesis-show-statistics", f"--junit-xml={junit}",
+                           *(["-n", workers] if workers else [])],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "2 passed" in proc.stdout, proc.stdout[-2000:]
     stats = proc.stdout.split("Hypothesis Statistics", 1)[1]
+    progress = proc.stderr if workers else proc.stdout
+    by_worker = r" \[gw\d\]" if workers else ""
     for prop in ("determinism", "causality"):
         section = stats.split(f"test_properties.py::test_{prop}:", 1)[1].split("::test_", 1)[0]
         assert "Events:" in section and "dtypes " in section, stats[:3000]
+        line = rf"gdn-verify{by_worker}: {prop}: running, 1 example\(s\) done"
+        assert re.search(line, progress), progress[-3000:]
     names = {p.get("name") for p in ElementTree.parse(junit).iter("property")}
-    assert any(n.endswith("test_properties.py::test_determinism") for n in names), names
+    for prop in ("determinism", "causality"):
+        assert any(n.endswith(f"test_properties.py::test_{prop}") for n in names), names
 
 
 @pytest.mark.parametrize("option, suffix", [("--hypothesis-verbosity=verbose",
