@@ -112,6 +112,30 @@ class MixerCase(CaseShape):
 
 CASE_TYPES = {"DeltaRuleCase": DeltaRuleCase, "MixerCase": MixerCase}
 
+# The fields of a case its lattice row sets (strategies.composite draws them
+# jointly from strategies.lattice); every other field is drawn apart from
+# the row (seed, regimes, near-zero rows, segments, key geometry, eps).
+SHAPE_FIELDS = {
+    DeltaRuleCase: tuple(f.name for f in dataclasses.fields(CaseShape)) + (
+        "dtype", "state_dtype", "has_initial_state"),
+    MixerCase: tuple(f.name for f in dataclasses.fields(CaseShape)) + (
+        "conv_width", "dtype", "param_dtype", "a_log_shape", "dt_bias_shape", "use_qk_norm"),
+}
+
+
+def shape_case(case_type, **fields):
+    """A case of case_type with exactly its SHAPE_FIELDS given and every
+    other field at its default (seed 0): a lattice row as a case."""
+    if set(fields) != set(SHAPE_FIELDS[case_type]):
+        raise ValueError(f"{case_type.__name__} shape fields: want {SHAPE_FIELDS[case_type]}, "
+                         f"got {tuple(fields)}")
+    return case_type(seed=0, **fields)
+
+
+def shape_of(case):
+    """The case's shape alone: shape_case of its SHAPE_FIELDS."""
+    return shape_case(type(case), **{n: getattr(case, n) for n in SHAPE_FIELDS[type(case)]})
+
 
 def case_to_json(case) -> dict:
     """Plain-JSON form: {"type": ..., "fields": {...}}. An unpacked case

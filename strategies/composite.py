@@ -15,7 +15,7 @@ from hypothesis import event, reject
 from hypothesis import strategies as st
 
 from . import lattice, regimes
-from .cases import DeltaRuleCase, MixerCase, NearZeroRow
+from .cases import DeltaRuleCase, MixerCase, NearZeroRow, shape_case
 from .segments import layout_features, segment_layouts
 
 SEEDS = st.integers(0, 2**31 - 1)
@@ -52,6 +52,15 @@ def _packed_segments(draw, packed, batch, seq_len, chunk, conv_width):
     return layouts
 
 
+def _picked(rows, knobs, where) -> list:
+    """The lattice rows passing `where`, reduced to the loaded profile's
+    covering (lattice.PROFILE_COVERING)."""
+    names = list(knobs)
+    picked = [r for r in rows if where(dict(zip(names, r)))]
+    return list(lattice.covering(tuple(picked), tuple(names), lattice.current_covering())) \
+        if picked else []
+
+
 def _geometries(rows, knobs, where, favour=None):
     """The lattice rows passing `where`, reduced to the loaded profile's
     covering (lattice.PROFILE_COVERING), as geometry dicts (none within the
@@ -59,41 +68,109 @@ def _geometries(rows, knobs, where, favour=None):
     `favour` too are listed twice (drawn twice as often), after the others
     so shrinking still heads for the first row."""
     names = list(knobs)
-    picked = [r for r in rows if where(dict(zip(names, r)))]
+    picked = _picked(rows, knobs, where)
     if not picked:
         if lattice.declared_limits() is not None:
             reject()        # the target's limits leave this strategy no shape
         raise ValueError("no lattice geometry satisfies the filter")
-    picked = list(lattice.covering(tuple(picked), tuple(names), lattice.current_covering()))
     if favour is not None:
         picked += [r for r in picked if favour(dict(zip(names, r)))]
     return st.sampled_from(picked).map(lambda r: dict(zip(names, r)))
+
+
+def _narrowed(where, packed, long_rows):
+    """`where` narrowed as a case strategy narrows it: no LONG rows unless
+    long_rows, T >= 2 when packed."""
+    if not long_rows:
+        short = where
+        where = lambda geo: geo["length"] != lattice.LONG and short(geo)  # noqa: E731
+    return _packable(where) if packed else where
 
 
 def _draw_geometry(draw, rows, knobs, where, packed, long_rows=False):
     """(geometry dict, chunk C, sequence length T, (Hk, G, Dk, Dv), batch B)
     drawn from the lattice rows passing `where` (packed: T >= 2, T >= C+1
     favoured; long_rows: the lattice's LONG rows too)."""
-    if not long_rows:
-        short = where
-        where = lambda geo: geo["length"] != lattice.LONG and short(geo)  # noqa: E731
-    if packed:
-        where = _packable(where)
-    geo = draw(_geometries(rows, knobs, where, favour=_spans_a_chunk_edge if packed else None))
+    geo = draw(_geometries(rows, knobs, _narrowed(where, packed, long_rows),
+                           favour=_spans_a_chunk_edge if packed else None))
     chunk = geo["chunk"]
     return geo, chunk, lattice.seq_len(geo["length"], chunk), geo["layout"], geo["batch"]
 
 
-def yields(case_type):
+def _delta_shape(geo) -> dict:
+    """The shape fields (cases.SHAPE_FIELDS) of a gated_delta_rule lattice row."""
+    hk, group, dk, dv = geo["layout"]
+    return dict(batch=geo["batch"], seq_len=lattice.seq_len(geo["length"], geo["chunk"]),
+                k_heads=hk, group=group, dk=dk, dv=dv, chunk=geo["chunk"],
+                dtype=geo["dtypes"][0], state_dtype=geo["dtypes"][1],
+                has_initial_state=geo["initial_state"])
+
+
+def _mixer_shape(geo) -> dict:
+    """The shape fields (cases.SHAPE_FIELDS) of a mixer lattice row."""
+    hk, group, dk, dv = geo["layout"]
+    batch, seq_len, hv = geo["batch"], lattice.seq_len(geo["length"], geo["chunk"]), hk * group
+    return dict(batch=batch, seq_len=seq_len, k_heads=hk, group=group, dk=dk, dv=dv,
+                chunk=geo["chunk"], conv_width=geo["conv_width"], dtype=geo["dtypes"][0],
+                param_dtype=geo["dtypes"][1],
+                a_log_shape=lattice.param_shape(geo["a_log"], batch, seq_len, hv),
+                dt_bias_shape=lattice.param_shape(geo["dt_bias"], batch, seq_len, hv),
+                use_qk_norm=geo["qk_norm"])
+
+
+def _delta_rows():
+    return lattice.delta_geometries(lattice.declared_beyond_contract(),
+                                    lattice.declared_limits(), lattice.declared_knob_values())
+
+
+def _mixer_rows():
+    return lattice.mixer_geometries(lattice.declared_beyond_contract(),
+                                    lattice.declared_limits(), lattice.declared_knob_values())
+
+
+def _delta_where(where, stable):
+    """delta_rule_cases' filter: an unstable recurrence only on T <= 2C+1."""
+    if stable:
+        return where
+    return lambda geo: (where(geo)
+                        and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1)
+
+
+def delta_rule_shapes(*, where=lambda geo: True, stable=True, packed=False, long_rows=False,
+                      **_drawn_apart) -> list:
+    """The shapes (cases.shape_case) delta_rule_cases with these arguments
+    draws its cases on, in the loaded profile and the declared lattice."""
+    where = _narrowed(_delta_where(where, stable), packed, long_rows)
+    names = list(lattice.DELTA_KNOBS)
+    return [shape_case(DeltaRuleCase, **_delta_shape(dict(zip(names, r))))
+            for r in _picked(_delta_rows(), lattice.DELTA_KNOBS, where)]
+
+
+def mixer_shapes(*, where=lambda geo: True, packed=False, long_rows=False,
+                 **_drawn_apart) -> list:
+    """The shapes (cases.shape_case) mixer_cases with these arguments draws
+    its cases on, in the loaded profile and the declared lattice."""
+    where = _narrowed(where, packed, long_rows)
+    names = list(lattice.MIXER_KNOBS)
+    return [shape_case(MixerCase, **_mixer_shape(dict(zip(names, r))))
+            for r in _picked(_mixer_rows(), lattice.MIXER_KNOBS, where)]
+
+
+def yields(case_type, shapes=None):
     """Mark a case strategy constructor: every strategy it builds draws
     cases of case_type alone, said by its `case_type` attribute (the
     registry reads it: what every case of a property asks of a target,
-    verification/engine/registry.py Property.not_checkable)."""
+    verification/engine/registry.py Property.not_checkable); shapes(**the
+    constructor's arguments): the shapes its cases are drawn on, as its
+    `shape_cases()` (verification/engine/claims.py rules out a claim no
+    shape meets before any draw)."""
     def mark(constructor):
         @functools.wraps(constructor)
-        def build(*args, **kwargs):
-            strategy = constructor(*args, **kwargs)
+        def build(**kwargs):
+            strategy = constructor(**kwargs)
             strategy.case_type = case_type
+            if shapes is not None:
+                strategy.shape_cases = functools.partial(shapes, **kwargs)
             return strategy
         return build
     return mark
@@ -106,7 +183,7 @@ def _event_geometry(geo, length):
     event(f"G={group}; Dk{'=' if dk == dv else '!='}Dv")
 
 
-@yields(DeltaRuleCase)
+@yields(DeltaRuleCase, delta_rule_shapes)
 @st.composite
 def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
                      beta_regimes=regimes.BETA_REGIMES, stable=True, zero_rows=None,
@@ -121,21 +198,14 @@ def delta_rule_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_
     (strategies.segments, K = 4); packed=False: segments=(). long_rows:
     the lattice's rows of lattice.LONG_TOKENS bfloat16 tokens too (in the
     "pairs" coverings)."""
-    if not stable:
-        base = where
-        where = lambda geo: base(geo) and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1  # noqa: E731
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
-        draw, lattice.delta_geometries(lattice.declared_beyond_contract(),
-                                 lattice.declared_limits(), lattice.declared_knob_values()), lattice.DELTA_KNOBS,
-        where, packed, long_rows)
+        draw, _delta_rows(), lattice.DELTA_KNOBS, _delta_where(where, stable), packed, long_rows)
     n_zero = draw(st.integers(1 if zero_rows else 0, 0 if zero_rows is False else 2))
     rows = tuple(draw(st.tuples(st.sampled_from(("q", "k")), st.integers(0, batch - 1),
                                 st.integers(0, seq_len - 1), st.integers(0, hk - 1)))
                  for _ in range(n_zero))
     case = DeltaRuleCase(
-        batch=batch, seq_len=seq_len, k_heads=hk, group=group, dk=dk, dv=dv,
-        chunk=chunk, dtype=geo["dtypes"][0], state_dtype=geo["dtypes"][1],
-        seed=draw(SEEDS), has_initial_state=geo["initial_state"],
+        **_delta_shape(geo), seed=draw(SEEDS),
         gate_regime=draw(st.sampled_from(gate_regimes)),
         beta_regime=draw(st.sampled_from(beta_regimes)),
         key_norm=1.0 if stable else draw(st.sampled_from((1.6, 1.8, 2.0))),
@@ -168,7 +238,7 @@ def near_zero_rows(draw, batch, seq_len, k_heads, *, min_rows=0, max_rows=2,
     return tuple(rows)
 
 
-@yields(MixerCase)
+@yields(MixerCase, mixer_shapes)
 @st.composite
 def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIMES,
                 beta_regimes=regimes.BETA_REGIMES, near_zero=None, eps_values=(1e-6,),
@@ -182,19 +252,11 @@ def mixer_cases(draw, *, where=lambda geo: True, gate_regimes=regimes.GATE_REGIM
     (strategies.segments); packed=False: segments=(). long_rows: as for
     delta_rule_cases."""
     geo, chunk, seq_len, (hk, group, dk, dv), batch = _draw_geometry(
-        draw, lattice.mixer_geometries(lattice.declared_beyond_contract(),
-                                 lattice.declared_limits(), lattice.declared_knob_values()), lattice.MIXER_KNOBS,
-        where, packed, long_rows)
-    hv = hk * group
+        draw, _mixer_rows(), lattice.MIXER_KNOBS, where, packed, long_rows)
     rows = draw(near_zero_rows(batch, seq_len, hk, min_rows=1 if near_zero else 0,
                                max_rows=0 if near_zero is False else 2))
     case = MixerCase(
-        batch=batch, seq_len=seq_len, k_heads=hk, group=group, dk=dk, dv=dv,
-        chunk=chunk, conv_width=geo["conv_width"],
-        dtype=geo["dtypes"][0], param_dtype=geo["dtypes"][1],
-        a_log_shape=lattice.param_shape(geo["a_log"], batch, seq_len, hv),
-        dt_bias_shape=lattice.param_shape(geo["dt_bias"], batch, seq_len, hv),
-        seed=draw(SEEDS), use_qk_norm=geo["qk_norm"],
+        **_mixer_shape(geo), seed=draw(SEEDS),
         eps=draw(st.sampled_from(eps_values)),
         gate_regime=draw(st.sampled_from(gate_regimes)),
         beta_regime=draw(st.sampled_from(beta_regimes)), near_zero=rows,

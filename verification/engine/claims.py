@@ -18,7 +18,11 @@ summary, never dropped silently. Where the claim declares what every case
 meeting it asks (registry.claim: packed rows, GVA, bfloat16, no QK norm...)
 and the target's declaration lacks it, that is known without a search:
 such claims had cost a restricted target's plans all CANDIDATE_DRAWS draws
-each (a layer fixture's dev plans: 100 s, now 10 s). What the run's cases
+each (a layer fixture's dev plans: 100 s, now 10 s). Likewise a claim met
+by a case's shape alone (registry.shape_claim: T=1, C=128, a [B, Hv]
+a_log...) that no shape of the property's lattice meets (the rows its
+strategy draws on, inside the target's declared limits and supports: whole
+chunks rule out T=1) is unmet without a search. What the run's cases
 met is measured on the cases the target checked (harness.check_property) and
 shown per property.
 
@@ -45,6 +49,7 @@ from strategies import lattice
 from strategies.cases import case_from_json, case_to_json
 
 from . import program_store
+from .registry import met_by_shape
 from ..targets import Target
 
 # The most draws of a property's strategy searched for its claim cases (the
@@ -271,6 +276,12 @@ def _plan(p, covering: str, target) -> ClaimPlan:
         if declined:
             unmet[name] = f"the target does not take the cases that meet it ({declined})"
     wanted -= frozenset(unmet)
+    shapes = _shapes_taken(p, takes)
+    for name in sorted(wanted):
+        if shapes is not None and met_by_shape(claims[name]) and not any(
+                claims[name](shape) for shape in shapes):
+            unmet[name] = _ruled_out("no shape of the property's lattice", "meets it")
+    wanted -= frozenset(unmet)
     if not wanted:
         return ClaimPlan(claims, (), unmet)
     candidates, refused = _draw_candidates(p, claims, wanted, takes)
@@ -279,13 +290,26 @@ def _plan(p, covering: str, target) -> ClaimPlan:
     for name in sorted(wanted - reached):
         if name in refused:
             unmet[name] = f"the target does not take the cases that meet it ({refused[name]})"
-        elif lattice.declared_limits() is not None or lattice.declared_knob_values():
-            declared = " or ".join(what for what, on in (
-                ("limits", lattice.declared_limits() is not None),
-                ("supports", bool(lattice.declared_knob_values()))) if on)
-            unmet[name] = (f"ruled out by the target's declared {declared}: no case within "
-                           f"them meets it in {CANDIDATE_DRAWS} draws of the property's "
-                           f"strategy")
         else:
-            unmet[name] = f"no case of the property's strategy meets it in {CANDIDATE_DRAWS} draws"
+            unmet[name] = _ruled_out("no case", f"meets it in {CANDIDATE_DRAWS} draws of the "
+                                                f"property's strategy")
     return ClaimPlan(claims, cases, unmet)
+
+
+def _shapes_taken(p, takes: Callable) -> Optional[list]:
+    """The shapes (strategies.cases.shape_case) p's strategy draws its cases
+    on that the target takes, or None where the strategy cannot say
+    (strategies.composite.yields)."""
+    shape_cases = getattr(p.strategy, "shape_cases", None)
+    return None if shape_cases is None else [c for c in shape_cases() if not takes(c)]
+
+
+def _ruled_out(what: str, meets: str) -> str:
+    """Why a claim is unmet when `what` (within the target's declared limits
+    or supports, where it declares any) `meets` it."""
+    declared = " or ".join(name for name, on in (
+        ("limits", lattice.declared_limits() is not None),
+        ("supports", bool(lattice.declared_knob_values()))) if on)
+    if declared:
+        return f"ruled out by the target's declared {declared}: {what} within them {meets}"
+    return f"{what} {meets}"

@@ -192,9 +192,27 @@ def claim(predicate: Callable, *needs: str) -> Callable:
     return predicate
 
 
+def shape_claim(predicate: Callable, *needs: str) -> Callable:
+    """A coverage claim a case meets or not by its shape alone (its lattice
+    row: strategies.cases.SHAPE_FIELDS, e.g. T=1, C=128, a [B, Hv] a_log),
+    with the needs of claim(). Where no shape the property's strategy draws
+    on (inside the target's declared limits and supports) meets it, the
+    claim is unmet, with the reason, without a search (verification/engine/
+    claims.py); a meta-test checks that every case meeting it meets it by
+    its shape."""
+    claim(predicate, *needs)
+    predicate.by_shape = True
+    return predicate
+
+
 def claim_needs(predicate) -> Tuple[str, ...]:
     """What every case meeting this claim asks of a target (claim's needs)."""
     return getattr(predicate, "needs", ())
+
+
+def met_by_shape(predicate) -> bool:
+    """The claim is met or not by a case's shape alone (shape_claim)."""
+    return getattr(predicate, "by_shape", False)
 
 
 PROPERTIES: Dict[str, Property] = {}

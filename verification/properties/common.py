@@ -11,17 +11,23 @@ import numpy as np
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from ..engine import runners
-from ..engine.registry import claim
+from ..engine.registry import claim, shape_claim
 from ..tolerance import TensorError, compare_to_oracle, precision_in_force, structural_row
 
 
 # Coverage claims shared by the families, with what every case meeting each
-# asks of a target (registry.claim).
-BFLOAT16 = claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16")
-GVA = claim(lambda c: c.group > 1, "gva")
+# asks of a target (registry.claim), and whether a case meets it by its
+# shape alone (registry.shape_claim).
+BFLOAT16 = shape_claim(lambda c: c.dtype == "bfloat16", "dtype:bfloat16")
+GVA = shape_claim(lambda c: c.group > 1, "gva")
 PACKED = claim(lambda c: bool(c.segments), "segment_ids")
 CORE_OP = claim(lambda c: isinstance(c, DeltaRuleCase), "core", "qk_norm:core")
-CHUNK_128 = claim(lambda c: c.chunk == 128, "chunk_size:128")
+CHUNK_128 = shape_claim(lambda c: c.chunk == 128, "chunk_size:128")
+ONE_TOKEN = shape_claim(lambda c: c.seq_len == 1)                           # T=1
+ONE_PAST_A_CHUNK = shape_claim(lambda c: c.seq_len == c.chunk + 1)          # T=C+1
+PAST_A_CHUNK = shape_claim(lambda c: c.seq_len > c.chunk)                   # T=C+1 or longer
+PER_BATCH_A_LOG = shape_claim(                                              # [B,Hv] a_log
+    lambda c: len(c.a_log_shape) == 2 and c.a_log_shape[0] == c.batch > 1)
 
 
 def dtype_of(case, name: str) -> str:

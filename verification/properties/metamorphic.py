@@ -11,9 +11,9 @@ from strategies import delta_rule_cases, mixer_cases
 from strategies.cases import DeltaRuleCase, MixerCase, replace
 
 from ..engine import runners
-from ..engine.registry import claim, prop
+from ..engine.registry import prop, shape_claim
 from ..tolerance import compare_self
-from .common import BFLOAT16, dtype_of
+from .common import BFLOAT16, ONE_PAST_A_CHUNK, ONE_TOKEN, dtype_of
 
 
 def _f32(geo) -> bool:
@@ -21,9 +21,9 @@ def _f32(geo) -> bool:
 
 
 LENGTH_COVERS = {
-    "T=1": lambda c: c.seq_len == 1,
-    "T=C+1": lambda c: c.seq_len == c.chunk + 1,
-    "T=3C+5": lambda c: c.seq_len == 3 * c.chunk + 5,
+    "T=1": ONE_TOKEN,
+    "T=C+1": ONE_PAST_A_CHUNK,
+    "T=3C+5": shape_claim(lambda c: c.seq_len == 3 * c.chunk + 5),
 }
 
 
@@ -144,8 +144,8 @@ def batch_independence(target, case: MixerCase):
 @prop("gva_equals_explicit_repeat", family="metamorphic",
       strategy=delta_rule_cases(where=lambda g: _f32(g) and g["layout"][1] > 1), weight=0.5,
       wrong_target="gdn_mutant_gva_tile_not_repeat:xla", needs=("gva",),
-      covers={"G=2": claim(lambda c: c.group == 2, "gva"),
-              "G=4": claim(lambda c: c.group == 4, "gva"),
+      covers={"G=2": shape_claim(lambda c: c.group == 2, "gva"),
+              "G=4": shape_claim(lambda c: c.group == 4, "gva"),
               "Hk=2": lambda c: c.k_heads == 2})
 def gva_equals_explicit_repeat(target, case: DeltaRuleCase):
     """GVA: q, k at Hk heads give the same output as q, k repeated G times

@@ -14,9 +14,9 @@ from strategies.cases import DeltaRuleCase, MixerCase, replace
 from strategies.segments import layouts_from_ids, padding_mask
 
 from ..engine import runners
-from ..engine.registry import prop
+from ..engine.registry import prop, shape_claim
 from ..tolerance import compare_self, structural_row
-from .common import BFLOAT16, GVA, dtype_of, parity_rows
+from .common import BFLOAT16, GVA, PAST_A_CHUNK, dtype_of, parity_rows
 
 # Inputs with a token axis (axis 1 is T) and the per-token cotangents that
 # must be exactly 0 at padding.
@@ -27,14 +27,16 @@ PACKED_COVERS = {
     "strong decay": lambda c: c.gate_regime == "strong_decay",
     "bfloat16": BFLOAT16,
     "GVA": GVA,
-    "T=C+1 or longer": lambda c: c.seq_len >= c.chunk + 1,
+    "T=C+1 or longer": PAST_A_CHUNK,
     "all-padding row": lambda c: any(all(i == 0 for i, _ in row) for row in c.segments),
     "several documents": lambda c: any(len(documents(r)) > 1 for r in segment_ids_of(c)),
 }
 MIXER_PACKED_COVERS = {
     **PACKED_COVERS,
-    "[B,T,Hv] a_log": lambda c: len(c.a_log_shape) == 3 and c.a_log_shape[1] == c.seq_len > 1,
-    "[B,Hv] dt_bias": lambda c: len(c.dt_bias_shape) == 2 and c.dt_bias_shape[0] == c.batch > 1,
+    "[B,T,Hv] a_log": shape_claim(lambda c: len(c.a_log_shape) == 3
+                                  and c.a_log_shape[1] == c.seq_len > 1),
+    "[B,Hv] dt_bias": shape_claim(lambda c: len(c.dt_bias_shape) == 2
+                                  and c.dt_bias_shape[0] == c.batch > 1),
 }
 
 

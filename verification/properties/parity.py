@@ -9,8 +9,9 @@ from strategies import delta_rule_cases, mixer_cases
 from strategies.inputs import chunk_geometry, closest_key_pair, deepest_chunk_log_decay
 from strategies.cases import DeltaRuleCase, MixerCase
 
-from ..engine.registry import claim, prop
-from .common import BFLOAT16, CHUNK_128, GVA, parity_rows
+from ..engine.registry import prop, shape_claim
+from .common import (BFLOAT16, CHUNK_128, GVA, ONE_PAST_A_CHUNK, ONE_TOKEN, PER_BATCH_A_LOG,
+                     parity_rows)
 
 # Regressions found by this suite (docs/kernel-authors.md, "Findings").
 STRONG_DECAY_T15 = DeltaRuleCase(batch=1, seq_len=15, k_heads=1, group=1, dk=16, dv=16,
@@ -42,15 +43,15 @@ MIXER_THREE_CHUNKS_T53 = MixerCase(batch=1, seq_len=53, k_heads=1, group=2, dk=1
                                    seed=7)
 
 DELTA_COVERS = {
-    "T=1": lambda c: c.seq_len == 1,
-    "T=C+1": lambda c: c.seq_len == c.chunk + 1,
+    "T=1": ONE_TOKEN,
+    "T=C+1": ONE_PAST_A_CHUNK,
     "GVA": GVA,
-    "Dk!=Dv": lambda c: c.dk != c.dv,
+    "Dk!=Dv": shape_claim(lambda c: c.dk != c.dv),
     "bfloat16": BFLOAT16,
     "strong decay": lambda c: c.gate_regime == "strong_decay",
     "beta ~ 0": lambda c: c.beta_regime == "zero",
     "zero q/k row": lambda c: bool(c.zero_rows),
-    "initial state": claim(lambda c: c.has_initial_state, "initial_state"),
+    "initial state": shape_claim(lambda c: c.has_initial_state, "initial_state"),
     "C=128": CHUNK_128,
     # the keys' geometry, measured on the inputs (cheap cases tried first)
     "mean in-chunk key cosine >= 0.9": lambda c: (c.key_cosine >= 0.9 and c.seq_len >= 16
@@ -69,15 +70,15 @@ DELTA_COVERS = {
         and deepest_chunk_log_decay(c) < -1000.0),
 }
 MIXER_COVERS = {
-    "T=1": lambda c: c.seq_len == 1,
+    "T=1": ONE_TOKEN,
     "GVA": GVA,
-    "bfloat16 params": lambda c: c.param_dtype == "bfloat16",
-    "[B,Hv] a_log": lambda c: len(c.a_log_shape) == 2 and c.a_log_shape[0] == c.batch > 1,
-    "[B,T,Hv] dt_bias": lambda c: len(c.dt_bias_shape) == 3 and c.dt_bias_shape[:2] == (
-        c.batch, c.seq_len) and c.batch > 1 and c.seq_len > 1,
+    "bfloat16 params": shape_claim(lambda c: c.param_dtype == "bfloat16"),
+    "[B,Hv] a_log": PER_BATCH_A_LOG,
+    "[B,T,Hv] dt_bias": shape_claim(lambda c: len(c.dt_bias_shape) == 3 and c.dt_bias_shape[:2] == (
+        c.batch, c.seq_len) and c.batch > 1 and c.seq_len > 1),
     "strong decay": lambda c: c.gate_regime == "strong_decay",
     "large a_log": lambda c: c.gate_regime == "large_a_log",
-    "no qk norm": claim(lambda c: not c.use_qk_norm, "qk_norm:off"),
+    "no qk norm": shape_claim(lambda c: not c.use_qk_norm, "qk_norm:off"),
     "near-zero row": lambda c: bool(c.near_zero),
     "C=128": CHUNK_128,
 }
@@ -88,7 +89,8 @@ MIXER_COVERS = {
 # drifts along the row, in o and the final state (the gradients' long rows
 # would cost the gate two more compiles of the long VJP programs per property).
 LONG_ROW_COVERS = {
-    "bfloat16 row of >= 1024 tokens": lambda c: c.dtype == "bfloat16" and c.seq_len >= 1024,
+    "bfloat16 row of >= 1024 tokens": shape_claim(lambda c: c.dtype == "bfloat16"
+                                                  and c.seq_len >= 1024),
 }
 
 

@@ -13,19 +13,20 @@ from strategies import mixer_cases
 from strategies.cases import MixerCase, replace
 
 from ..engine import runners
-from ..engine.registry import prop
+from ..engine.registry import prop, shape_claim
 from ..tolerance import compare_self
-from .common import dtype_of, shape_dtype_row
+from .common import PER_BATCH_A_LOG, dtype_of, shape_dtype_row
 
 PARAM_RANK_COVERS = {
-    "[B,Hv] a_log": lambda c: len(c.a_log_shape) == 2 and c.a_log_shape[0] == c.batch > 1,
-    "[B,1,Hv] dt_bias": lambda c: c.dt_bias_shape == (c.batch, 1, c.v_heads) and c.batch > 1,
-    "[1,T,Hv] a_log": lambda c: len(c.a_log_shape) == 3 and c.a_log_shape[:2] == (
-        1, c.seq_len) and c.seq_len > 1,
-    "[Hv] dt_bias": lambda c: len(c.dt_bias_shape) == 1,
+    "[B,Hv] a_log": PER_BATCH_A_LOG,
+    "[B,1,Hv] dt_bias": shape_claim(lambda c: c.dt_bias_shape == (c.batch, 1, c.v_heads)
+                                    and c.batch > 1),
+    "[1,T,Hv] a_log": shape_claim(lambda c: len(c.a_log_shape) == 3 and c.a_log_shape[:2] == (
+        1, c.seq_len) and c.seq_len > 1),
+    "[Hv] dt_bias": shape_claim(lambda c: len(c.dt_bias_shape) == 1),
     # a batch axis of size 1 at B=1: what a kernel taking per-batch parameters
     # at a batch of one only (declared Limits) loses to a sum over (0, 1)
-    "[1,Hv] a_log": lambda c: c.a_log_shape == (1, c.v_heads),
+    "[1,Hv] a_log": shape_claim(lambda c: c.a_log_shape == (1, c.v_heads)),
 }
 
 

@@ -22,7 +22,8 @@ from ..engine import runners
 from ..engine.registry import prop, tensor_not_checkable_row
 from ..targets.declaration import INCOMING_CONV_STATE_IGNORED
 from ..tolerance import compare_handoff, compare_self, compare_to_oracle, structural_row
-from .common import BFLOAT16, GVA, PACKED, at_declared_precision, dtype_of
+from .common import (BFLOAT16, GVA, ONE_TOKEN, PACKED, PAST_A_CHUNK, at_declared_precision,
+                     dtype_of)
 
 STATE_OUTPUTS = ("o", "conv", "recurrent")
 # Gradients summed over tokens: their terms cancel, so the summation order a
@@ -157,7 +158,7 @@ def prompt_then_decode(target, case: MixerCase):
       wrong_target="gdn_mutant_incoming_state_gradient_dropped:xla", weight=0.25,
       needs=("carried_state",),
       covers={"packed": PACKED, "bfloat16": BFLOAT16,
-              "T=1": lambda c: c.seq_len == 1, "T=C+1 or longer": lambda c: c.seq_len > c.chunk},
+              "T=1": ONE_TOKEN, "T=C+1 or longer": PAST_A_CHUNK},
       on_sharded_target=True)
 def state_gradient_parity(target, case: MixerCase):
     """One call from a non-zero incoming GDNState, with cotangents on o and

@@ -12,12 +12,15 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
+from strategies import lattice
+from strategies.cases import shape_of
+
 from ..engine import claims, counterexamples, harness, mesh_worker
 from ..cli import replay
 from ..mutants import MUTANTS, PatchError, apply_patch, changed_functions, mutated_source
-from ..engine.registry import FAMILIES, PROPERTIES, PropertyFailure, claim_needs
+from ..engine.registry import FAMILIES, PROPERTIES, PropertyFailure, claim_needs, met_by_shape
 from ..properties import load_all
-from ..targets import DEFAULT_TARGET, Target
+from ..targets import DEFAULT_TARGET, Target, declare_to_lattice
 
 load_all()
 
@@ -132,6 +135,68 @@ def test_a_target_lacking_what_every_case_asks_is_ruled_out_before_a_draw():
     assert PROPERTIES["mixer_gradient_parity"].not_checkable(layer_only) is None
 
 
+
+
+@pytest.mark.parametrize("prop_id", sorted(PROPERTIES))
+def test_a_shape_claim_is_met_by_the_shape_alone(prop_id):
+    """Each claim declared met by a case's shape alone (registry.shape_claim)
+    is met or not by each explicit example and each of 20 drawn cases as by
+    its shape (strategies.cases.shape_of: every field drawn apart from the
+    lattice row at its default): such a claim is ruled out from the
+    lattice's rows only where no case of theirs could meet it. Data only."""
+    p = PROPERTIES[prop_id]
+    by_shape = {name: predicate for name, predicate in {**p.covers, **p.gate_covers}.items()
+                if met_by_shape(predicate)}
+
+    def check(case):
+        shape = shape_of(case)
+        for name, predicate in by_shape.items():
+            assert bool(predicate(case)) == bool(predicate(shape)), (name, case)
+
+    @settings(max_examples=20, phases=[Phase.generate], **{k: v for k, v in _FAST.items()
+                                                           if k != "max_examples"})
+    @given(case=p.strategy)
+    def drawn(case):
+        check(case)
+
+    if by_shape:
+        drawn()
+        for case in p.examples:
+            check(case)
+
+
+def test_limits_rule_out_a_shape_claim_before_any_draw():
+    """A target declaring whole chunks, [Hv] or [B, Hv] parameters and a
+    batch axis at B = 1 only: the shape claims no row of the lattice within
+    those limits meets (T=1, T=C+1, C=128, a [B, Hv] a_log...) are unmet
+    with that reason, known from the rows; the search then stops at the
+    claims it can meet, every one of which it meets (no claim is left to
+    the 2,000-draw search's reason)."""
+    target = Target.parse("verification.fixture_kernels.foreign_targets.whole_chunks_layer")
+    saved = (lattice.declared_beyond_contract(), lattice.declared_limits(),
+             dict(lattice.declared_knob_values()))
+    previous = settings.get_current_profile_name()
+    declare_to_lattice(target.declaration)
+    try:
+        settings.load_profile("ci")
+        plans = {name: claims._plan(PROPERTIES[name], "pairs", target)
+                 for name in ("mixer_gradient_parity", "mixer_packed_equals_separate")}
+    finally:
+        settings.load_profile(previous)
+        lattice.declare_beyond_contract(saved[0])
+        lattice.declare_limits(saved[1])
+        lattice.declare_knob_values(saved[2])
+    shape_reason = "ruled out by the target's declared limits: no shape of the property's lattice"
+    assert {"T=1", "C=128", "[B,Hv] a_log", "[B,T,Hv] dt_bias"} <= {
+        name for name, why in plans["mixer_gradient_parity"].unmet.items()
+        if why.startswith(shape_reason)}
+    assert {"[B,T,Hv] a_log", "[B,Hv] dt_bias"} <= {
+        name for name, why in plans["mixer_packed_equals_separate"].unmet.items()
+        if why.startswith(shape_reason)}
+    for name, plan in plans.items():
+        assert not any("draws" in why for why in plan.unmet.values()), (name, plan.unmet)
+        assert plan.cases and all(target.declaration.limits.refuses_case(c) is None
+                                  for c in plan.cases), name
 
 
 def test_a_claim_no_case_meets_is_reported_with_its_reason():
