@@ -142,11 +142,14 @@ def test_a_shape_claim_is_met_by_the_shape_alone(prop_id):
     """Each claim declared met by a case's shape alone (registry.shape_claim)
     is met or not by each explicit example and each of 20 drawn cases as by
     its shape (strategies.cases.shape_of: every field drawn apart from the
-    lattice row at its default): such a claim is ruled out from the
-    lattice's rows only where no case of theirs could meet it. Data only."""
+    lattice row at its default), and each drawn case's shape is one its
+    strategy says it draws on (shape_cases()): such a claim is ruled out
+    from those shapes only where no case of theirs could meet it. Data only."""
     p = PROPERTIES[prop_id]
     by_shape = {name: predicate for name, predicate in {**p.covers, **p.gate_covers}.items()
                 if met_by_shape(predicate)}
+    shape_cases = getattr(p.strategy, "shape_cases", None)
+    shapes = set(shape_cases()) if shape_cases else None
 
     def check(case):
         shape = shape_of(case)
@@ -158,8 +161,9 @@ def test_a_shape_claim_is_met_by_the_shape_alone(prop_id):
     @given(case=p.strategy)
     def drawn(case):
         check(case)
+        assert shapes is None or shape_of(case) in shapes, case
 
-    if by_shape:
+    if by_shape or shapes:
         drawn()
         for case in p.examples:
             check(case)
