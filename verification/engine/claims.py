@@ -276,7 +276,7 @@ def _plan(p, covering: str, target) -> ClaimPlan:
         if declined:
             unmet[name] = f"the target does not take the cases that meet it ({declined})"
     wanted -= frozenset(unmet)
-    shapes = _shapes_taken(p, takes)
+    shapes = _shapes(p)
     for name in sorted(wanted):
         if shapes is not None and met_by_shape(claims[name]) and not any(
                 claims[name](shape) for shape in shapes):
@@ -296,12 +296,15 @@ def _plan(p, covering: str, target) -> ClaimPlan:
     return ClaimPlan(claims, cases, unmet)
 
 
-def _shapes_taken(p, takes: Callable) -> Optional[list]:
+def _shapes(p) -> Optional[list]:
     """The shapes (strategies.cases.shape_case) p's strategy draws its cases
-    on that the target takes, or None where the strategy cannot say
-    (strategies.composite.yields)."""
+    on, from the lattice built inside the target's declared limits and
+    supports, or None where the strategy cannot say (strategies.composite.
+    yields). Not filtered by what the target takes of a case: that may
+    depend on fields drawn apart from the shape (a QK-norm eps), which a
+    shape leaves at its default."""
     shape_cases = getattr(p.strategy, "shape_cases", None)
-    return None if shape_cases is None else [c for c in shape_cases() if not takes(c)]
+    return None if shape_cases is None else shape_cases()
 
 
 def _ruled_out(what: str, meets: str) -> str:
