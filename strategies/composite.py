@@ -10,6 +10,7 @@ lattice, not by rejecting examples.
 from __future__ import annotations
 
 import functools
+import inspect
 
 from hypothesis import event, reject
 from hypothesis import strategies as st
@@ -136,20 +137,20 @@ def _delta_where(where, stable):
                         and lattice.seq_len(geo["length"], geo["chunk"]) <= 2 * geo["chunk"] + 1)
 
 
-def delta_rule_shapes(*, where=lambda geo: True, stable=True, packed=False, long_rows=False,
-                      **_drawn_apart) -> list:
+def delta_rule_shapes(*, where, stable, packed, long_rows, **_drawn_apart) -> list:
     """The shapes (cases.shape_case) delta_rule_cases with these arguments
-    draws its cases on, in the loaded profile and the declared lattice."""
+    (all of them: yields binds its defaults) draws its cases on, in the
+    loaded profile and the declared lattice."""
     where = _narrowed(_delta_where(where, stable), packed, long_rows)
     names = list(lattice.DELTA_KNOBS)
     return [shape_case(DeltaRuleCase, **_delta_shape(dict(zip(names, r))))
             for r in _picked(_delta_rows(), lattice.DELTA_KNOBS, where)]
 
 
-def mixer_shapes(*, where=lambda geo: True, packed=False, long_rows=False,
-                 **_drawn_apart) -> list:
-    """The shapes (cases.shape_case) mixer_cases with these arguments draws
-    its cases on, in the loaded profile and the declared lattice."""
+def mixer_shapes(*, where, packed, long_rows, **_drawn_apart) -> list:
+    """The shapes (cases.shape_case) mixer_cases with these arguments (all
+    of them: yields binds its defaults) draws its cases on, in the loaded
+    profile and the declared lattice."""
     where = _narrowed(where, packed, long_rows)
     names = list(lattice.MIXER_KNOBS)
     return [shape_case(MixerCase, **_mixer_shape(dict(zip(names, r))))
@@ -160,17 +161,21 @@ def yields(case_type, shapes=None):
     """Mark a case strategy constructor: every strategy it builds draws
     cases of case_type alone, said by its `case_type` attribute (the
     registry reads it: what every case of a property asks of a target,
-    verification/engine/registry.py Property.not_checkable); shapes(**the
-    constructor's arguments): the shapes its cases are drawn on, as its
-    `shape_cases()` (verification/engine/claims.py rules out a claim no
-    shape meets before any draw)."""
+    verification/engine/registry.py Property.not_checkable); shapes(**every
+    argument of the constructor, its defaults bound): the shapes its cases
+    are drawn on, as its `shape_cases()` (verification/engine/claims.py
+    rules out a claim no shape meets before any draw)."""
     def mark(constructor):
+        signature = inspect.signature(constructor)
+
         @functools.wraps(constructor)
         def build(**kwargs):
             strategy = constructor(**kwargs)
             strategy.case_type = case_type
             if shapes is not None:
-                strategy.shape_cases = functools.partial(shapes, **kwargs)
+                arguments = signature.bind(**kwargs)
+                arguments.apply_defaults()
+                strategy.shape_cases = functools.partial(shapes, **arguments.arguments)
             return strategy
         return build
     return mark

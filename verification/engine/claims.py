@@ -271,14 +271,12 @@ def _plan(p, covering: str, target) -> ClaimPlan:
     by_examples = frozenset().union(*(claims_met(claims, c) for c in p.examples
                                       if not takes(c)))
     wanted = frozenset(claims) - by_examples
+    shapes = _shapes(p)
     for name in sorted(wanted):
         declined = None if target is None else p.claim_not_checkable(target, claims[name])
         if declined:
             unmet[name] = f"the target does not take the cases that meet it ({declined})"
-    wanted -= frozenset(unmet)
-    shapes = _shapes(p)
-    for name in sorted(wanted):
-        if shapes is not None and met_by_shape(claims[name]) and not any(
+        elif shapes is not None and met_by_shape(claims[name]) and not any(
                 claims[name](shape) for shape in shapes):
             unmet[name] = _ruled_out("no shape of the property's lattice", "meets it")
     wanted -= frozenset(unmet)
