@@ -4,13 +4,15 @@ A kernel module declares itself with `KernelDeclaration` (what it
 implements), `Supports` (what it accepts) and `Limits` (the shapes it
 takes); a kernel in other
 conventions is wrapped by `adapt` (and `mixer_from_core`), a whole layer
-in its own conventions by `adapt_mixer`; see
+in its own conventions by `adapt_mixer`, a PyTorch kernel made a JAX
+function by `from_torch` (then adapted like any other); see
 docs/verify-your-kernel.md.
 """
 
 from .targets.declaration import KernelDeclaration, Limits, Supports
 
-__all__ = ["KernelDeclaration", "Limits", "Supports", "adapt", "adapt_mixer", "mixer_from_core"]
+__all__ = ["KernelDeclaration", "Limits", "Supports", "adapt", "adapt_mixer", "from_torch",
+           "mixer_from_core"]
 
 
 def __getattr__(name):
@@ -22,4 +24,7 @@ def __getattr__(name):
     if name == "adapt_mixer":
         from .targets import layer_adapter
         return layer_adapter.adapt_mixer
+    if name == "from_torch":
+        from .targets import torch_bridge
+        return torch_bridge.from_torch
     raise AttributeError(f"module 'verification' has no attribute {name!r}")

@@ -247,7 +247,7 @@ def decode_drift(target, case: MixerCase):
 @prop("decode_compiles_once", family="state",
       strategy=mixer_cases(where=_no_time_params, near_zero=False),
       wrong_target="verification.fixture_kernels.wrong_targets.recompiling_decode", weight=0.1,
-      needs=("carried_state",),
+      needs=("carried_state", "xla_programs"),
       covers={"bfloat16": BFLOAT16, "GVA": GVA})
 def decode_compiles_once(target, case: MixerCase):
     """A decode loop of 256 single-token calls compiles nothing after its

@@ -37,7 +37,7 @@ from typing import Callable, List, Mapping, NamedTuple, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
-from .declaration import CONTRACT_DTYPES, KernelDeclaration, Supports
+from .declaration import BRIDGE_ATTR, CONTRACT_DTYPES, KernelDeclaration, Supports, bridge_of
 from . import varlen as varlen_conv
 
 LAYOUTS = ("batch_first", "head_first")
@@ -353,21 +353,31 @@ def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES, **conventions) -> KernelD
     gated_delta_rule.__doc__ = (f"{gated_delta_rule.__name__}: the contract's gated_delta_rule "
                                 f"over {kernel!r} (verification.targets.adapters.adapt).")
     return KernelDeclaration(gated_delta_rule=_compiled_once(gated_delta_rule,
-                                                             ("scale", "chunk_size")),
-                             supports=conv.supports(dtypes), conventions=conv.applied())
+                                                             ("scale", "chunk_size"), kernel),
+                             supports=conv.supports(dtypes),
+                             conventions=conv.applied() + bridge_lines(kernel))
 
 
-def _compiled_once(op: Callable, static_argnames) -> Callable:
+def bridge_lines(kernel: Callable) -> Tuple[str, ...]:
+    """The summary's line for a kernel run in another framework (from_torch)."""
+    bridge = bridge_of(kernel)
+    return () if bridge is None else (bridge.describe(),)
+
+
+def _compiled_once(op: Callable, static_argnames, kernel: Optional[Callable] = None) -> Callable:
     """op under jax.jit (one program per shape and static arguments, as the
     contract's ops: a decode loop calling it compiles once), except while
     deviations are recorded: that needs the adapter's Python traced afresh,
-    which jit's trace cache would skip."""
+    which jit's trace cache would skip. Marked as bridged where the kernel
+    it calls is (declaration.bridge_of)."""
     jitted = jax.jit(op, static_argnames=static_argnames)
 
     def call(*args, **kwargs):
         return (op if _RECORDERS else jitted)(*args, **kwargs)
 
     call.__name__, call.__doc__ = op.__name__, op.__doc__
+    if bridge_of(kernel) is not None:
+        setattr(call, BRIDGE_ATTR, bridge_of(kernel))
     return call
 
 
@@ -420,7 +430,7 @@ def mixer_from_core(core: Union[KernelDeclaration, Callable]) -> KernelDeclarati
     static = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "use_qk_norm", "eps",
               "scale", "chunk_size", "return_state")
     return dataclasses.replace(decl, gdn_decoupled_conv1d=_compiled_once(gdn_decoupled_conv1d,
-                                                                         static),
+                                                                         static, core_op),
                                supports=supports, mixer_label=MIXER_LABEL,
                                conventions=decl.conventions + (
                                    f"mixer: {MIXER_LABEL} (gdn_kernels.reference."

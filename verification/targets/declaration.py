@@ -31,6 +31,10 @@ from ..tolerance import CONTRACT_PRECISION, PRECISIONS
 
 # The module attribute a target exports its declaration under.
 DECLARATION_ATTR = "GDN_KERNEL"
+# The attribute a function running its kernel in another framework carries
+# (verification/targets/torch_bridge.py: from_torch marks what it returns,
+# the adapters mark their wrappers of it): where it runs.
+BRIDGE_ATTR = "gdn_bridge"
 
 CONTRACT_DTYPES = ("float32", "bfloat16")
 CONTRACT_CHUNK_SIZES = (16, 32, 64, 128)
@@ -279,6 +283,18 @@ def declaration_of(module) -> KernelDeclaration:
         l2norm_backward=optional("l2norm_backward"))
 
 
+def bridge_of(fn):
+    """Where a bridged function's kernel runs (torch_bridge.Bridge), or None
+    for a JAX function."""
+    return getattr(fn, BRIDGE_ATTR, None) if fn is not None else None
+
+
+def is_bridged(declaration: KernelDeclaration) -> bool:
+    """An op of the declaration runs its kernel in another framework."""
+    return any(bridge_of(fn) is not None for fn in (declaration.gated_delta_rule,
+                                                    declaration.gdn_decoupled_conv1d))
+
+
 # ---------------------------------------------------------------- needs
 INCOMING_CONV_STATE_IGNORED = ("the target ignores the incoming conv state "
                                "(Supports(incoming_conv_state=False))")
@@ -312,6 +328,9 @@ NEEDS = {
                        "the kernel takes no chunk_size (a scan, or a chunk fixed inside)"),
     "saturated_beta": (lambda d: d.supports.saturated_beta,
                        "the kernel takes beta as a logit: beta = 1 has no finite logit"),
+    "xla_programs": (lambda d: not is_bridged(d),
+                     "the kernel runs in another framework through a bridge (from_torch): "
+                     "XLA compile counts are the suite's wrapper's, not the kernel's"),
 }
 
 

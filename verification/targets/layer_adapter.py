@@ -27,7 +27,8 @@ from typing import Callable, Mapping, NamedTuple, Optional, Tuple, Union
 import jax.numpy as jnp
 import numpy as np
 
-from .adapters import _compiled_once, _cotangent_guard, _to_contract_dtype, interpret_mode
+from .adapters import (_compiled_once, _cotangent_guard, _to_contract_dtype, bridge_lines,
+                       interpret_mode)
 from ..tolerance import CONTRACT_PRECISION
 from .declaration import CONTRACT_DTYPES, KernelDeclaration, Limits, Supports
 
@@ -413,6 +414,7 @@ def adapt_mixer(layer: Callable, *, dtypes=CONTRACT_DTYPES, limits: Optional[Lim
     static = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "use_qk_norm", "eps",
               "scale", "chunk_size", "return_state")
     return KernelDeclaration(
-        gdn_decoupled_conv1d=_compiled_once(gdn_decoupled_conv1d, static),
-        supports=conv.supports(dtypes, compute_precision), conventions=conv.applied(),
+        gdn_decoupled_conv1d=_compiled_once(gdn_decoupled_conv1d, static, layer),
+        supports=conv.supports(dtypes, compute_precision),
+        conventions=conv.applied() + bridge_lines(layer),
         limits=limits or Limits())

@@ -1,0 +1,12 @@
+"""Kernels written in PyTorch (no gdn_kernels imported), made targets by
+verification.from_torch and verification.adapt: the torch bridge's own
+fixtures (verification/tests/test_torch_bridge.py). They need torch
+installed (the `[torch]` extra).
+
+token_scan                  the gated delta rule token by token, in fla's
+                            conventions (equal heads, a log decay, no chunk
+                            size, no packed rows), plain torch autograd;
+                            computes float32 (float64 for float64 inputs)
+token_scan_decay_after_update  the same with a planted bug: each step's
+                            decay applied after its update, not before
+"""
