@@ -7,6 +7,7 @@ failing with a counterexample that replays (and holds once fixed), and the
 gate script on a fixture repository: green, then red with the planted bug.
 Every command of the doc is run here, in its order."""
 
+import fcntl
 import importlib
 import json
 import os
@@ -25,6 +26,10 @@ FIXTURES = os.path.join(ROOT, "verification", "fixture_kernels", "convention_fix
 KERNELS = ("head_first", "varlen", "norm_inside")       # fixture module = kernel file name
 LAYER_FIXTURES = os.path.join(ROOT, "verification", "fixture_kernels", "layer_fixtures")
 LAYERS = ("separate_convs", "grouped_chunked")           # whole layers (adapt_mixer)
+TORCH_TARGET = "fla_chunk_target"                       # the doc's torch example (section 7)
+# What the doc says the suite finds on fla-core's reference chunk op.
+FLA_FINDINGS = {"conventions_match_contract", "mixer_gradient_parity",
+                "near_zero_rows_vjp_parity", "mixer_split_invariance"}
 
 
 def _block(name):
@@ -70,7 +75,8 @@ def author(tmp_path_factory):
 
 def test_the_doc_wraps_each_fixture_in_at_most_15_lines():
     files = doc_files()
-    assert sorted(files) == sorted(f"{k}_target.py" for k in KERNELS + LAYERS)
+    assert sorted(files) == sorted([f"{k}_target.py" for k in KERNELS + LAYERS]
+                                   + [f"{TORCH_TARGET}.py"])
     for name, text in files.items():
         code = [line for line in text.splitlines() if line.strip()]
         assert len(code) <= 15, (name, len(code))
@@ -232,3 +238,43 @@ def test_ci_and_the_workflow_draw_the_same_examples(monkeypatch):
     assert "'ci'" in env["GDN_PROFILE"] and "schedule" in env["GDN_PROFILE"]
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         assert "GDN_PROFILE=ci python -m pytest" in f.read()
+
+
+def _authors_torch() -> str:
+    """The torch the author is taken to have: the release .ci/run installs
+    (its CPU build; a bare `torch` from the index is a CUDA build)."""
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        return re.search(r'"(torch==[^"]+)"', f.read()).group(1)
+
+
+def test_a_torch_op_of_the_field_verified_as_it_is(author):
+    """The doc's torch section: fla's reference chunk op wrapped by
+    from_torch and adapt in the doc's file, run from the author's
+    directory: the findings the doc names fail (and only they), the
+    properties it cannot carry say why, the rest hold. The author's torch
+    and the doc's install are added to the shared environment once, under
+    its lock."""
+    shared = os.path.dirname(os.path.realpath(os.path.join(author.home, "venv")))
+    with open(os.path.join(shared, "lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = os.path.join(shared, "torch-installed")
+        if not os.path.exists(marker):
+            for command in [f'pip install "{_authors_torch()}"'] + _block("verify-torch-install"):
+                proc = author.run(command)
+                assert proc.returncode == 0, proc.output[-3000:]
+            with open(marker, "w") as f:
+                f.write("installed")
+    (command,) = _block("verify-torch-run")
+    proc = author.run(command)
+    assert proc.returncode == 1, proc.output[-4000:]
+    summary = proc.output.split("gdn-verify summary", 1)[1]
+    assert "adapter: torch kernel through from_torch (on cpu" in summary, summary[-3000:]
+    with open(os.path.join(author.home, "fla-report.json")) as f:
+        verdicts = {n: p for n, p in json.load(f)["properties"].items()}
+    failed = {n for n, p in verdicts.items() if p["verdict"] == "FAILED"}
+    assert failed == FLA_FINDINGS, summary[-4000:]
+    assert any("o dtype" in c for c in verdicts["conventions_match_contract"]["classes"])
+    assert any("da_log" in c for c in verdicts["mixer_gradient_parity"]["classes"])
+    assert "from_torch" in " ".join(verdicts["decode_compiles_once"]["reasons"])
+    held = [n for n, p in verdicts.items() if p["verdict"] == "held"]
+    assert len(held) >= 16, summary[-3000:]
