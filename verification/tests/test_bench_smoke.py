@@ -2,14 +2,17 @@
 in a subprocess (its compiles stay out of this process's counts):
 `python -m benchmarks` (the --quick ladder for xla and reference, one timed
 run; the packed overhead), `gdn-verify bench` (the decode section),
-`python -m benchmarks.main_job` and `python -m benchmarks.profile_packed`;
-checks the JSON and Markdown structure."""
+`python -m benchmarks.main_job`, `python -m benchmarks.bridge` and
+`python -m benchmarks.profile_packed`; checks the JSON and Markdown structure."""
 
+import importlib.util
 import json
 import os
 import resource
 import subprocess
 import sys
+
+import pytest
 
 from ..cli import AUTO_JOBS_ENV
 
@@ -181,6 +184,26 @@ def test_main_job_benchmark_runs_cold_then_warm(tmp_path):
     assert "| warm (median of 1) |" in proc.stdout
     assert set(cold["per_property"]) == {"split_invariance", "causality"}
     assert "| split_invariance |" in proc.stdout and "| programs warm |" in proc.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None
+                    and not os.environ.get("GDN_REQUIRE_TORCH"),
+                    reason="torch not installed (the [torch] extra)")
+def test_bridge_benchmark_times_both_targets(tmp_path):
+    """python -m benchmarks.bridge on one property, one example: the torch
+    fixture and its JAX twin, cold and warm, and their ratios."""
+    out = tmp_path / "bridge.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bridge", "--examples", "1",
+                           "--properties", "causality", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, **{AUTO_JOBS_ENV: "1"}))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    for name in ("jax", "torch"):
+        for kind in ("cold", "warm"):
+            (run,) = doc["runs"][name]["runs"][kind]
+            assert run["returncode"] == 0 and run["verdicts"] == {"causality": "held"}, run
+    assert set(doc["ratio"]) == {"cold", "warm"} and "| torch / jax |" in proc.stdout
 
 
 def test_profile_packed_runs_both_sections():

@@ -9,4 +9,6 @@ token_scan                  the gated delta rule token by token, in fla's
                             computes float32 (float64 for float64 inputs)
 token_scan_decay_after_update  the same with a planted bug: each step's
                             decay applied after its update, not before
+jax_twin                    token_scan's math in JAX, same conventions and
+                            adapters: the bridge overhead benchmark's baseline
 """
