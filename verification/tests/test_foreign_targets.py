@@ -3,7 +3,8 @@ that are not ours (verification/fixture_kernels/foreign_targets: token scans in 
 plain autodiff, one refusing float64 inputs, one accepting float64 but
 computing in float32; chunked kernels computing bfloat16 inputs in bfloat16,
 declared so, one keeping its state in float32, one in bfloat16; a token scan
-written in PyTorch, through the torch bridge) pass every
+and a chunked kernel with a hand-written backward written in PyTorch, through
+the torch bridge) pass every
 registered property on a few derandomized examples plus the property's
 explicit examples that fit them; a target declaring a compute precision
 also on a few bfloat16 examples (those its declaration is about). A
@@ -35,6 +36,8 @@ FOREIGN_TARGETS = ("verification.fixture_kernels.foreign_targets.float32_only_sc
                    "verification.fixture_kernels.foreign_targets.bf16_compute_chunked",
                    "verification.fixture_kernels.foreign_targets.bf16_state_chunked",
                    pytest.param("verification.fixture_kernels.torch_targets.token_scan",
+                                marks=WITHOUT_TORCH),
+                   pytest.param("verification.fixture_kernels.torch_targets.chunked_wy",
                                 marks=WITHOUT_TORCH))
 # Targets whose float32 path is another's (bf16_compute_chunked's): bfloat16 examples only.
 BFLOAT16_ONLY = ("verification.fixture_kernels.foreign_targets.bf16_state_chunked",)

@@ -37,8 +37,14 @@ from ..targets.torch_bridge import from_torch
 load_all()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCAN = "verification.fixture_kernels.torch_targets.token_scan"
-SCAN_BUG = "verification.fixture_kernels.torch_targets.token_scan_decay_after_update"
+FIXTURES = "verification.fixture_kernels.torch_targets."
+SCAN = FIXTURES + "token_scan"
+CHUNKED = FIXTURES + "chunked_wy"
+# each planted bug and a property that kills it: a forward bug, and one in a
+# hand-written backward (the forward right)
+PLANTED_BUGS = ((FIXTURES + "token_scan_decay_after_update", "delta_rule_forward_parity"),
+                (FIXTURES + "chunked_wy_state_cotangent_not_carried",
+                 "delta_rule_gradient_parity"))
 DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -172,19 +178,23 @@ def _scan_inputs(rng, dtype):
     return tuple(jnp.asarray(a, dtype) for a in arrays)
 
 
+@pytest.mark.parametrize("spec", [SCAN, CHUNKED])
 @pytest.mark.parametrize("dtype, rel", [("float64", 1e-12), ("float32", 2e-5)])
-def test_torch_token_scan_matches_the_float64_oracle(dtype, rel):
-    """The torch fixture, through from_torch and adapt, against the float64
+def test_torch_fixtures_match_the_float64_oracle(spec, dtype, rel):
+    """Each torch fixture, through from_torch and adapt, against the float64
     token-by-token oracle (gdn_kernels.reference.token_scan): outputs and
-    every input cotangent. Its final state comes back in float32 (the
-    contract's, the adapter's cast), so it is held to float32 in both."""
-    target = Target.parse(SCAN)
+    every input cotangent, over two chunks of 16 (the chunked one's
+    hand-written backward carries the state cotangent between them). Its
+    final state comes back in float32 (the contract's, the adapter's
+    cast), so it is held to float32 in both."""
+    target = Target.parse(spec)
     rng = np.random.default_rng(1)
     with jax.enable_x64(True):
         q, k, v, g, beta, s0 = _scan_inputs(rng, DTYPES[dtype])
         cts = (jnp.asarray(rng.standard_normal(v.shape), v.dtype),
                jnp.asarray(rng.standard_normal(s0.shape), jnp.float32))
-        out, pullback = jax.vjp(lambda *a: target.gated_delta_rule(*a[:5], initial_state=a[5]),
+        out, pullback = jax.vjp(lambda *a: target.gated_delta_rule(*a[:5], initial_state=a[5],
+                                                                   chunk_size=16),
                                 q, k, v, g, beta, s0)
         grads = pullback(cts)
         wide = [a.astype(jnp.float64) for a in (q, k, v, g, beta, s0)]
@@ -214,18 +224,21 @@ def test_compile_counts_are_not_checkable_on_a_bridged_target():
     assert Target.parse("gdn_kernels:xla").not_checkable(("xla_programs",)) is None
 
 
-def test_a_planted_bug_in_a_torch_kernel_is_killed_and_replays(tmp_path):
+@pytest.mark.parametrize("spec, killer", PLANTED_BUGS)
+def test_a_planted_bug_in_a_torch_kernel_is_killed_and_replays(tmp_path, spec, killer):
     """From a directory outside the repository: the decay applied after the
-    update fails the forward parity with a counterexample file, and
-    `gdn-verify replay` reproduces it."""
+    update (the token scan's forward) and the state cotangent not carried
+    between chunks (the chunked kernel's hand-written backward) each fail a
+    property with a counterexample file, and `gdn-verify replay`
+    reproduces it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GDN_")}
     run = [sys.executable, "-m", "verification.cli"]
     proc = subprocess.run(
-        run + ["--target", SCAN_BUG, "--profile", "dev", "--examples", "2",
-               "--properties", "delta_rule_forward_parity", "--jobs", "1"],
+        run + ["--target", spec, "--profile", "dev", "--examples", "2",
+               "--properties", killer, "--jobs", "1"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
-    files = glob.glob(str(tmp_path / "counterexamples" / "delta_rule_forward_parity-*.json"))
+    files = glob.glob(str(tmp_path / "counterexamples" / f"{killer}-*.json"))
     assert files, proc.stdout[-3000:]
     replay = subprocess.run(run + ["replay", files[0]], capture_output=True, text=True,
                             timeout=600, cwd=tmp_path, env=env)

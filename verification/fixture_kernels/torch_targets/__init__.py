@@ -9,6 +9,13 @@ token_scan                  the gated delta rule token by token, in fla's
                             computes float32 (float64 for float64 inputs)
 token_scan_decay_after_update  the same with a planted bug: each step's
                             decay applied after its update, not before
+chunked_wy                  the same recurrence by chunks (the WY form), with a
+                            chunk_size argument and a hand-written
+                            autograd.Function backward (chunks last to first,
+                            each recomputed from its entering state)
+chunked_wy_state_cotangent_not_carried  the same with a planted bug in its
+                            backward: the state cotangent not carried into
+                            the chunk before
 jax_twin                    token_scan's math in JAX, same conventions and
                             adapters: the bridge overhead benchmark's baseline
 """
