@@ -37,6 +37,7 @@ from typing import Callable, List, Mapping, NamedTuple, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
+from ..tolerance import CONTRACT_PRECISION
 from .declaration import BRIDGE_ATTR, CONTRACT_DTYPES, KernelDeclaration, Supports, bridge_of
 from . import varlen as varlen_conv
 
@@ -202,9 +203,10 @@ class Conventions:
             lines.append("traced under Pallas TPU interpret mode")
         return tuple(lines)
 
-    def supports(self, dtypes) -> Supports:
+    def supports(self, dtypes, compute_precision: str = CONTRACT_PRECISION) -> Supports:
         return Supports(
-            dtypes=tuple(dtypes), segment_ids=self.varlen is not None,
+            dtypes=tuple(dtypes), compute_precision=compute_precision,
+            segment_ids=self.varlen is not None,
             initial_state=self.initial_state, carried_state=False, gva=True,
             scale=self.scale == "argument",
             chunk_argument=self.chunk_size == "argument",
@@ -330,13 +332,15 @@ def _contract_outputs(conv: Conventions, o, final, v, packing):
     return o, final
 
 
-def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES, **conventions) -> KernelDeclaration:
+def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES,
+          compute_precision: str = CONTRACT_PRECISION, **conventions) -> KernelDeclaration:
     """A contract target (KernelDeclaration) of `kernel`, a core op written
     in the conventions given (see Conventions; the defaults are the
     contract's). The kernel is called with q, k, v, decay, beta positionally
     and the rest as keywords, and returns (o, final_state).
 
-    dtypes: the activation dtypes the kernel accepts."""
+    dtypes: the activation dtypes the kernel accepts; compute_precision: how
+    it computes bfloat16 inputs (Supports.compute_precision)."""
     conv = Conventions(**conventions)
 
     def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64,
@@ -354,7 +358,7 @@ def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES, **conventions) -> KernelD
                                 f"over {kernel!r} (verification.targets.adapters.adapt).")
     return KernelDeclaration(gated_delta_rule=_compiled_once(gated_delta_rule,
                                                              ("scale", "chunk_size"), kernel),
-                             supports=conv.supports(dtypes),
+                             supports=conv.supports(dtypes, compute_precision),
                              conventions=conv.applied() + bridge_lines(kernel))
 
 

@@ -5,16 +5,14 @@ run; the packed overhead), `gdn-verify bench` (the decode section),
 `python -m benchmarks.main_job`, `python -m benchmarks.bridge` and
 `python -m benchmarks.profile_packed`; checks the JSON and Markdown structure."""
 
-import importlib.util
 import json
 import os
 import resource
 import subprocess
 import sys
 
-import pytest
-
 from ..cli import AUTO_JOBS_ENV
+from . import WITHOUT_TORCH
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -186,9 +184,7 @@ def test_main_job_benchmark_runs_cold_then_warm(tmp_path):
     assert "| split_invariance |" in proc.stdout and "| programs warm |" in proc.stdout
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None
-                    and not os.environ.get("GDN_REQUIRE_TORCH"),
-                    reason="torch not installed (the [torch] extra)")
+@WITHOUT_TORCH
 def test_bridge_benchmark_times_both_targets(tmp_path):
     """python -m benchmarks.bridge on one property, one example: the torch
     fixture and its JAX twin, cold and warm, and their ratios."""

@@ -19,6 +19,7 @@ from ..targets.declaration import KernelDeclaration, Supports
 from ..properties import load_all
 from ..engine.registry import PROPERTIES
 from ..targets import Target
+from . import WITHOUT_TORCH
 from ..tolerance import (DEVIATES, PRECISIONS, compare_handoff, compare_self, compare_to_oracle,
                         declared_precision)
 
@@ -26,6 +27,7 @@ load_all()
 
 BF16_COMPUTE = "verification.fixture_kernels.foreign_targets.bf16_compute_chunked"
 BF16_STATE = "verification.fixture_kernels.foreign_targets.bf16_state_chunked"
+TORCH_BF16_COMPUTE = "verification.fixture_kernels.torch_targets.token_scan_bf16_compute"
 # Cases of bfloat16 activations (float32 state): two chunk sizes, GVA, a
 # strongly decaying one, several chunks per row.
 DELTA_BF16 = (delta_case("gva2-dk<dv", 2, 70, 16, seed=11, dtype="bfloat16"),
@@ -42,13 +44,16 @@ def _deviations(stats):
     return {t: d["worst"] for t, d in stats.deviations.items()}
 
 
+@pytest.mark.parametrize("spec", [BF16_COMPUTE, pytest.param(TORCH_BF16_COMPUTE,
+                                                              marks=WITHOUT_TORCH)])
 @pytest.mark.parametrize("prop_id", ["delta_rule_forward_parity",
                                      "delta_rule_gradient_parity"])
-def test_bf16_compute_kernel_holds_and_its_state_deviates(prop_id):
-    """The bfloat16-compute kernel holds within its declared precision; its
-    final state (float32, but built from bfloat16 products) is listed as
-    a deviation from the contract, far beyond its bound."""
-    verdict, stats = _verdict(prop_id, BF16_COMPUTE, DELTA_BF16)
+def test_bf16_compute_kernel_holds_and_its_state_deviates(prop_id, spec):
+    """The bfloat16-compute kernels (a JAX chunked one, a torch token scan
+    through the bridge) hold within their declared precision; the final
+    state (float32, but built from bfloat16 products) is listed as a
+    deviation from the contract, far beyond its bound."""
+    verdict, stats = _verdict(prop_id, spec, DELTA_BF16)
     assert verdict == harness.HELD
     assert _deviations(stats).get("final_state", 0) > 100
     assert max(r.ratio for r in stats.worst.values()) <= 1

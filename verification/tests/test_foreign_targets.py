@@ -3,16 +3,14 @@ that are not ours (verification/fixture_kernels/foreign_targets: token scans in 
 plain autodiff, one refusing float64 inputs, one accepting float64 but
 computing in float32; chunked kernels computing bfloat16 inputs in bfloat16,
 declared so, one keeping its state in float32, one in bfloat16; a token scan
-and a chunked kernel with a hand-written backward written in PyTorch, through
-the torch bridge) pass every
+and a chunked kernel with a hand-written backward written in PyTorch, and a
+torch scan computing bfloat16 inputs in bfloat16, declared so, through the
+torch bridge) pass every
 registered property on a few derandomized examples plus the property's
 explicit examples that fit them; a target declaring a compute precision
 also on a few bfloat16 examples (those its declaration is about). A
 property that fails them fails a correct user for its own numerical
 reasons."""
-
-import importlib.util
-import os
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -23,14 +21,10 @@ from ..engine.registry import PROPERTIES
 from ..properties import load_all
 from ..targets import Target
 from ..tolerance import CONTRACT_PRECISION
+from . import WITHOUT_TORCH
 
 load_all()
 
-# The torch fixture runs through the bridge (verification/tests/test_torch_bridge.py):
-# skipped without torch, unless GDN_REQUIRE_TORCH is set (.ci/run).
-WITHOUT_TORCH = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None and not os.environ.get("GDN_REQUIRE_TORCH"),
-    reason="torch not installed (the [torch] extra)")
 FOREIGN_TARGETS = ("verification.fixture_kernels.foreign_targets.float32_only_scan",
                    "verification.fixture_kernels.foreign_targets.float32_compute_scan",
                    "verification.fixture_kernels.foreign_targets.bf16_compute_chunked",
@@ -38,7 +32,9 @@ FOREIGN_TARGETS = ("verification.fixture_kernels.foreign_targets.float32_only_sc
                    pytest.param("verification.fixture_kernels.torch_targets.token_scan",
                                 marks=WITHOUT_TORCH),
                    pytest.param("verification.fixture_kernels.torch_targets.chunked_wy",
-                                marks=WITHOUT_TORCH))
+                                marks=WITHOUT_TORCH),
+                   pytest.param("verification.fixture_kernels.torch_targets."
+                                "token_scan_bf16_compute", marks=WITHOUT_TORCH))
 # Targets whose float32 path is another's (bf16_compute_chunked's): bfloat16 examples only.
 BFLOAT16_ONLY = ("verification.fixture_kernels.foreign_targets.bf16_state_chunked",)
 EXAMPLES_PER_PROPERTY = 2

@@ -22,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-if os.environ.get("GDN_REQUIRE_TORCH"):
+from . import REQUIRE_TORCH_ENV
+
+if os.environ.get(REQUIRE_TORCH_ENV):
     import torch
 else:
     torch = pytest.importorskip("torch", reason="torch not installed (the [torch] extra)")

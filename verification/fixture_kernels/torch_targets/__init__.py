@@ -16,6 +16,9 @@ chunked_wy                  the same recurrence by chunks (the WY form), with a
 chunked_wy_state_cotangent_not_carried  the same with a planted bug in its
                             backward: the state cotangent not carried into
                             the chunk before
+token_scan_bf16_compute     a token scan computing bfloat16 inputs in bfloat16
+                            (products rounded to bfloat16, float32 state),
+                            declared so (compute_precision "bfloat16")
 jax_twin                    token_scan's math in JAX, same conventions and
                             adapters: the bridge overhead benchmark's baseline
 """
