@@ -10,8 +10,8 @@ first on sys.path, and the suite's subprocesses start through
 `python -m gdn_verify.run MODULE`, which does the same.
 
 The public API is reachable here too (`from gdn_verify import adapt,
-adapt_mixer, mixer_from_core, from_torch, KernelDeclaration, Supports,
-Limits`), the documented alias of `from verification import ...` for a
+adapt_mixer, mixer_from_core, from_torch, from_mlx, KernelDeclaration,
+Supports, Limits`), the documented alias of `from verification import ...` for a
 project with its own `verification`.
 """
 
@@ -24,8 +24,8 @@ from typing import List
 
 # The suite's top-level packages, bound to this installation by load_suite().
 SUITE_PACKAGES = ("gdn_kernels", "strategies", "verification", "benchmarks")
-PUBLIC_API = ("adapt", "adapt_mixer", "mixer_from_core", "from_torch", "KernelDeclaration",
-              "Supports", "Limits")
+PUBLIC_API = ("adapt", "adapt_mixer", "mixer_from_core", "from_torch", "from_mlx",
+              "KernelDeclaration", "Supports", "Limits")
 
 
 class SuiteShadowed(ImportError):

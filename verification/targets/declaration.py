@@ -32,7 +32,7 @@ from ..tolerance import CONTRACT_PRECISION, PRECISIONS
 # The module attribute a target exports its declaration under.
 DECLARATION_ATTR = "GDN_KERNEL"
 # The attribute a function running its kernel in another framework carries
-# (verification/targets/torch_bridge.py: from_torch marks what it returns,
+# (verification/targets/bridge.py: from_torch and from_mlx mark what they return,
 # the adapters mark their wrappers of it): where it runs.
 BRIDGE_ATTR = "gdn_bridge"
 
@@ -284,7 +284,7 @@ def declaration_of(module) -> KernelDeclaration:
 
 
 def bridge_of(fn):
-    """Where a bridged function's kernel runs (torch_bridge.Bridge), or None
+    """Where a bridged function's kernel runs (bridge.Bridge), or None
     for a JAX function."""
     return getattr(fn, BRIDGE_ATTR, None) if fn is not None else None
 
@@ -329,7 +329,8 @@ NEEDS = {
     "saturated_beta": (lambda d: d.supports.saturated_beta,
                        "the kernel takes beta as a logit: beta = 1 has no finite logit"),
     "xla_programs": (lambda d: not is_bridged(d),
-                     "the kernel runs in another framework through a bridge (from_torch): "
+                     "the kernel runs in another framework through a bridge (from_torch, "
+                     "from_mlx): "
                      "XLA compile counts are the suite's wrapper's, not the kernel's"),
 }
 

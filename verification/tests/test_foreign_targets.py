@@ -5,7 +5,7 @@ computing in float32; chunked kernels computing bfloat16 inputs in bfloat16,
 declared so, one keeping its state in float32, one in bfloat16; a token scan
 and a chunked kernel with a hand-written backward written in PyTorch, and a
 torch scan computing bfloat16 inputs in bfloat16, declared so, through the
-torch bridge) pass every
+torch bridge; a token scan in MLX through the MLX bridge) pass every
 registered property on a few derandomized examples plus the property's
 explicit examples that fit them; a target declaring a compute precision
 also on a few bfloat16 examples (those its declaration is about). A
@@ -21,7 +21,7 @@ from ..engine.registry import PROPERTIES
 from ..properties import load_all
 from ..targets import Target
 from ..tolerance import CONTRACT_PRECISION
-from . import WITHOUT_TORCH
+from . import WITHOUT_MLX, WITHOUT_TORCH
 
 load_all()
 
@@ -34,7 +34,9 @@ FOREIGN_TARGETS = ("verification.fixture_kernels.foreign_targets.float32_only_sc
                    pytest.param("verification.fixture_kernels.torch_targets.chunked_wy",
                                 marks=WITHOUT_TORCH),
                    pytest.param("verification.fixture_kernels.torch_targets."
-                                "token_scan_bf16_compute", marks=WITHOUT_TORCH))
+                                "token_scan_bf16_compute", marks=WITHOUT_TORCH),
+                   pytest.param("verification.fixture_kernels.mlx_targets.token_scan",
+                                marks=WITHOUT_MLX))
 # Targets whose float32 path is another's (bf16_compute_chunked's): bfloat16 examples only.
 BFLOAT16_ONLY = ("verification.fixture_kernels.foreign_targets.bf16_state_chunked",)
 EXAMPLES_PER_PROPERTY = 2

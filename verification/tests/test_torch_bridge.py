@@ -35,6 +35,7 @@ from ..engine.registry import PROPERTIES
 from ..properties import load_all
 from ..targets import Target
 from ..targets.torch_bridge import from_torch
+from .bridges import DTYPES, check_dtypes_cross_exactly, product_and_difference
 
 load_all()
 
@@ -47,34 +48,14 @@ CHUNKED = FIXTURES + "chunked_wy"
 PLANTED_BUGS = ((FIXTURES + "token_scan_decay_after_update", "delta_rule_forward_parity"),
                 (FIXTURES + "chunked_wy_state_cotangent_not_carried",
                  "delta_rule_gradient_parity"))
-DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-def _product_and_difference(x, y):
-    return x * y, x - y
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_dtypes_cross_exactly_forward_and_back(dtype):
     """Elementwise products computed in torch equal JAX's bit for bit in each
-    dtype, under jit inside an x64 context (the callback runs on an XLA
-    thread where the context does not hold: seen failing with float64
-    reaching the kernel as float32), and the gradients come back in the
-    inputs' dtypes."""
-    rng = np.random.default_rng(0)
-    with jax.enable_x64(dtype == "float64"):
-        x, y = (jnp.asarray(rng.standard_normal((3, 5)), DTYPES[dtype]) for _ in range(2))
-        bridged = jax.jit(from_torch(_product_and_difference))
-        prod, diff = bridged(x, y)
-        assert prod.dtype == diff.dtype == x.dtype
-        np.testing.assert_array_equal(np.asarray(prod), np.asarray(x * y))
-        np.testing.assert_array_equal(np.asarray(diff), np.asarray(x - y))
-        ct = jnp.asarray(rng.standard_normal((3, 5)), DTYPES[dtype])
-        _, pullback = jax.vjp(from_torch(_product_and_difference), x, y)
-        dx, dy = jax.jit(pullback)((ct, ct))
-        assert dx.dtype == dy.dtype == x.dtype
-        np.testing.assert_array_equal(np.asarray(dx), np.asarray(ct * y + ct))
-        np.testing.assert_array_equal(np.asarray(dy), np.asarray(ct * x - ct))
+    dtype, under jit inside an x64 context, and the gradients come back in
+    the inputs' dtypes (bridges.check_dtypes_cross_exactly)."""
+    check_dtypes_cross_exactly(from_torch, dtype)
 
 
 PRECISION_PROBE = """
@@ -157,13 +138,13 @@ def test_static_arguments_integer_inputs_and_output_structure():
 
 
 def test_threads_and_device_are_set_or_refused():
-    from_torch(_product_and_difference, threads=1)
+    from_torch(product_and_difference, threads=1)
     assert torch.get_num_threads() == 1
     with pytest.raises(ValueError, match="threads"):
-        from_torch(_product_and_difference, threads=0)
+        from_torch(product_and_difference, threads=0)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device 'cuda'"):
-            from_torch(_product_and_difference, device="cuda")
+            from_torch(product_and_difference, device="cuda")
     with pytest.raises(TypeError, match="callable"):
         from_torch(42)
 
