@@ -27,6 +27,7 @@ KERNELS = ("head_first", "varlen", "norm_inside")       # fixture module = kerne
 LAYER_FIXTURES = os.path.join(ROOT, "verification", "fixture_kernels", "layer_fixtures")
 LAYERS = ("separate_convs", "grouped_chunked")           # whole layers (adapt_mixer)
 TORCH_TARGET = "fla_chunk_target"                       # the doc's torch example (section 7)
+MLX_TARGET = "mlx_scan_target"                          # and its MLX one
 # What the doc says the suite finds on fla-core's reference chunk op.
 FLA_FINDINGS = {"conventions_match_contract", "mixer_gradient_parity",
                 "near_zero_rows_vjp_parity", "mixer_split_invariance"}
@@ -76,7 +77,7 @@ def author(tmp_path_factory):
 def test_the_doc_wraps_each_fixture_in_at_most_15_lines():
     files = doc_files()
     assert sorted(files) == sorted([f"{k}_target.py" for k in KERNELS + LAYERS]
-                                   + [f"{TORCH_TARGET}.py"])
+                                   + [f"{TORCH_TARGET}.py", f"{MLX_TARGET}.py"])
     for name, text in files.items():
         code = [line for line in text.splitlines() if line.strip()]
         assert len(code) <= 15, (name, len(code))
@@ -247,23 +248,29 @@ def _authors_torch() -> str:
         return re.search(r'"(torch==[^"]+)"', f.read()).group(1)
 
 
+def _install_once(author, name: str, commands) -> None:
+    """Run these install commands in the author's shared environment once
+    per test session (the marker `name` beside it), under its lock."""
+    shared = os.path.dirname(os.path.realpath(os.path.join(author.home, "venv")))
+    with open(os.path.join(shared, "lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = os.path.join(shared, name)
+        if not os.path.exists(marker):
+            for command in commands:
+                proc = author.run(command)
+                assert proc.returncode == 0, proc.output[-3000:]
+            with open(marker, "w") as f:
+                f.write("installed")
+
+
 def test_a_torch_op_of_the_field_verified_as_it_is(author):
     """The doc's torch section: fla's reference chunk op wrapped by
     from_torch and adapt in the doc's file, run from the author's
     directory: the findings the doc names fail (and only they), the
     properties it cannot carry say why, the rest hold. The author's torch
-    and the doc's install are added to the shared environment once, under
-    its lock."""
-    shared = os.path.dirname(os.path.realpath(os.path.join(author.home, "venv")))
-    with open(os.path.join(shared, "lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        marker = os.path.join(shared, "torch-installed")
-        if not os.path.exists(marker):
-            for command in [f'pip install "{_authors_torch()}"'] + _block("verify-torch-install"):
-                proc = author.run(command)
-                assert proc.returncode == 0, proc.output[-3000:]
-            with open(marker, "w") as f:
-                f.write("installed")
+    and the doc's install are added to the shared environment once."""
+    _install_once(author, "torch-installed",
+                  [f'pip install "{_authors_torch()}"'] + _block("verify-torch-install"))
     (command,) = _block("verify-torch-run")
     proc = author.run(command)
     assert proc.returncode == 1, proc.output[-4000:]
@@ -278,3 +285,17 @@ def test_a_torch_op_of_the_field_verified_as_it_is(author):
     assert "from_torch" in " ".join(verdicts["decode_compiles_once"]["reasons"])
     held = [n for n, p in verdicts.items() if p["verdict"] == "held"]
     assert len(held) >= 16, summary[-3000:]
+
+
+def test_an_mlx_kernel_holds_every_checkable_property(author):
+    """The doc's MLX example, from the author's directory: green, every
+    property it can carry held, compile counts not checkable by name."""
+    _install_once(author, "mlx-installed", _block("verify-mlx-install"))
+    (command,) = _block("verify-mlx-run")
+    proc = author.run(command)
+    assert proc.returncode == 0, proc.output[-4000:]
+    summary = proc.output.split("gdn-verify summary", 1)[1]
+    assert "adapter: mlx kernel through from_mlx" in summary and "FAILED: 0" in summary
+    held = int(re.search(r"held on the target: (\d+) properties", summary).group(1))
+    assert held >= 19, summary[-3000:]
+    assert re.search(r"^decode_compiles_once\s+not checkable .*from_mlx", summary, re.M)
