@@ -67,10 +67,20 @@ def default_jobs() -> int:
     return int(os.environ.get(AUTO_JOBS_ENV) or 0) or os.cpu_count() or 1
 
 
+# This command imports `verification` (it is verification.cli) before
+# pytest starts, so pytest cannot rewrite that package's __init__ for
+# assertion messages and says so in every run; nothing is lost (its
+# modules imported later, the tests included, are rewritten as usual),
+# so that one warning is filtered, named by its message.
+ALREADY_IMPORTED_WARNING = ("ignore:Module already imported so cannot be rewritten; "
+                            "verification:pytest.PytestAssertRewriteWarning")
+
+
 def _suite_args(args) -> List[str]:
     """The pytest arguments of `run`'s options: properties only unless
     --scope all, on every core unless --jobs 1."""
-    out = ["-p", "gdn_verify", "-q", f"--gdn-scope={args.get('scope') or 'properties'}"]
+    out = ["-p", "gdn_verify", "-q", f"--gdn-scope={args.get('scope') or 'properties'}",
+           "-W", ALREADY_IMPORTED_WARNING]
     jobs = args.get("jobs") or default_jobs()
     if jobs > 1 and _have_xdist():
         out += ["-n", str(jobs), "--dist", "worksteal"]

@@ -91,6 +91,8 @@ def test_junit_xml_json_report_and_seed(tmp_path):
          "--junit-xml", str(junit), "--json", str(report), "--jobs", "1"],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # no warning of pytest's about the command's own import of the suite
+    assert "PytestAssertRewriteWarning" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
     cases = ElementTree.parse(junit).getroot().iter("testcase")
     assert {c.get("name") for c in cases} == {"test_delta_rule_forward_parity",
                                               "test_split_invariance"}
