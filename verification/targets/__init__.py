@@ -7,6 +7,9 @@
     layer_adapter.py verification.adapt_mixer: a whole layer in its own
                      conventions wrapped to the contract's mixer
     varlen.py        the cu_seqlens convention (contract rows <-> packed tokens)
+    bridge.py        a kernel of another framework made a JAX function
+                     (callbacks, 64-bit values, its own VJP); torch_bridge.py
+                     (verification.from_torch) and mlx_bridge.py (from_mlx)
     (here)           Target: the implementation under test, parsed from
                      MODULE[:IMPL][@AXIS=N,...]
 
