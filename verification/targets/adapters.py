@@ -363,7 +363,8 @@ def adapt(kernel: Callable, *, dtypes=CONTRACT_DTYPES,
 
 
 def bridge_lines(kernel: Callable) -> Tuple[str, ...]:
-    """The summary's line for a kernel run in another framework (from_torch)."""
+    """The summary's line for a kernel run in another framework (from_torch,
+    from_mlx)."""
     bridge = bridge_of(kernel)
     return () if bridge is None else (bridge.describe(),)
 
@@ -380,8 +381,9 @@ def _compiled_once(op: Callable, static_argnames, kernel: Optional[Callable] = N
         return (op if _RECORDERS else jitted)(*args, **kwargs)
 
     call.__name__, call.__doc__ = op.__name__, op.__doc__
-    if bridge_of(kernel) is not None:
-        setattr(call, BRIDGE_ATTR, bridge_of(kernel))
+    bridge = bridge_of(kernel)
+    if bridge is not None:
+        setattr(call, BRIDGE_ATTR, bridge)
     return call
 
 

@@ -330,8 +330,7 @@ NEEDS = {
                        "the kernel takes beta as a logit: beta = 1 has no finite logit"),
     "xla_programs": (lambda d: not is_bridged(d),
                      "the kernel runs in another framework through a bridge (from_torch, "
-                     "from_mlx): "
-                     "XLA compile counts are the suite's wrapper's, not the kernel's"),
+                     "from_mlx): XLA compile counts are the suite's wrapper's, not the kernel's"),
 }
 
 
