@@ -21,12 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from . import REQUIRE_MLX_ENV
+from . import REQUIRE_MLX_ENV, framework
 
-if os.environ.get(REQUIRE_MLX_ENV):
-    import mlx.core as mx
-else:
-    mx = pytest.importorskip("mlx.core", reason="mlx not installed (the [mlx] extra)")
+mx = framework("mlx.core", REQUIRE_MLX_ENV, "mlx")
 
 from gdn_kernels.reference import token_scan as oracle_token_scan
 

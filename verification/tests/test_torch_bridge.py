@@ -22,12 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from . import REQUIRE_TORCH_ENV
+from . import REQUIRE_TORCH_ENV, framework
 
-if os.environ.get(REQUIRE_TORCH_ENV):
-    import torch
-else:
-    torch = pytest.importorskip("torch", reason="torch not installed (the [torch] extra)")
+torch = framework("torch", REQUIRE_TORCH_ENV, "torch")
 
 from gdn_kernels.reference import token_scan as oracle_token_scan
 
