@@ -12,4 +12,6 @@ Modules:
   report       ratios, log-log growth fits, acceptance, JSON / Markdown / PNG
   profile_packed  where the extra time of packed sequences goes (public API:
                whole ops, thunk times from profiler traces)
+  build_cost   where a new program's build time goes: trace, lower and
+               compile seconds, StableHLO ops, the Pallas kernels' DMAs
 """

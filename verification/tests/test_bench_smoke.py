@@ -2,8 +2,9 @@
 in a subprocess (its compiles stay out of this process's counts):
 `python -m benchmarks` (the --quick ladder for xla and reference, one timed
 run; the packed overhead), `gdn-verify bench` (the decode section),
-`python -m benchmarks.main_job`, `python -m benchmarks.bridge` and
-`python -m benchmarks.profile_packed`; checks the JSON and Markdown structure."""
+`python -m benchmarks.main_job`, `python -m benchmarks.bridge`,
+`python -m benchmarks.profile_packed` and `python -m benchmarks.build_cost`;
+checks the JSON and Markdown structure."""
 
 import json
 import os
@@ -230,3 +231,27 @@ def test_suite_throughput_runs_one_property(tmp_path):
     suite = json.loads((tmp_path / "suite.json").read_text())["suite"]["ci"]
     assert suite["returncode"] == 0 and suite["examples"] >= 1
     assert set(suite["properties"]) == {"conventions_match_contract"}
+
+
+def test_build_cost_times_the_stages_and_counts_the_kernels_dmas(tmp_path):
+    """python -m benchmarks.build_cost on one forward program per impl: the
+    stages' seconds, the StableHLO ops, and the DMAs of the Pallas kernel
+    (the forward's prime and drain under pl.when), none in the XLA twin."""
+    out = tmp_path / "build.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.build_cost", "--ops", "delta_rule",
+                           "--mode", "fwd", "--programs", "1", "--t0", "20", "--chunk", "16",
+                           "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["compile_settings"].startswith("XLA:CPU compiles unoptimised")
+    pallas, xla = doc["rows"]
+    assert (pallas["impl"], xla["impl"]) == ("pallas", "xla")
+    for row in (pallas, xla):
+        assert min(row["trace_s"], row["lower_s"], row["compile_s"]) > 0
+        assert row["stablehlo_ops"] >= sum(row["top_ops"].values()) > 0
+    (kernel, dmas), = pallas["kernels"].items()
+    assert kernel == "gdn_chunk_forward"
+    assert dmas["dma_start"] == dmas["dma_wait"] > dmas["in_conditional"] / 2 > 0
+    assert xla["kernels"] == {}
+    assert "| delta_rule | pallas | fwd |" in proc.stdout
