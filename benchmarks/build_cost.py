@@ -39,15 +39,7 @@ TOP_OPS = 6
 def _kernel_dma_counts(closed_jaxpr) -> Dict[str, Dict[str, int]]:
     """{kernel name: {"dma_start": n, "dma_wait": n, "in_conditional": n}}
     of every pallas_call in a traced program's jaxpr."""
-    from jax._src import core
-
-    def subjaxprs(eqn):
-        for param in eqn.params.values():
-            for sub in (param if isinstance(param, (list, tuple)) else [param]):
-                if isinstance(sub, core.ClosedJaxpr):
-                    yield sub.jaxpr
-                elif isinstance(sub, core.Jaxpr):
-                    yield sub
+    from jax._src.core import jaxprs_in_params as subjaxprs_of
 
     def count(jaxpr, counts, in_cond):
         for eqn in jaxpr.eqns:
@@ -55,7 +47,7 @@ def _kernel_dma_counts(closed_jaxpr) -> Dict[str, Dict[str, int]]:
             if name in DMA_PRIMITIVES:
                 counts[name] += 1
                 counts["in_conditional"] += in_cond
-            for sub in subjaxprs(eqn):
+            for sub in subjaxprs_of(eqn.params):
                 count(sub, counts, in_cond or name == "cond")
 
     kernels = {}
@@ -67,7 +59,7 @@ def _kernel_dma_counts(closed_jaxpr) -> Dict[str, Dict[str, int]]:
                 count(eqn.params["jaxpr"], counts, False)
                 name = eqn.params.get("name") or f"kernel{len(kernels)}"
                 kernels[name] = {k: counts[k] for k in DMA_PRIMITIVES + ("in_conditional",)}
-            for sub in subjaxprs(eqn):
+            for sub in subjaxprs_of(eqn.params):
                 find(sub)
 
     find(closed_jaxpr.jaxpr)
