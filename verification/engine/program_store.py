@@ -469,11 +469,8 @@ def call(jitted, *args):
     where = directory()
     if where is None:
         return jitted(*args)
-    leaves, tree = _canonical(args)
-    sig = (jitted, _signature(leaves, tree))
-    entry = _programs.get(sig)
-    if entry is None:
-        entry = _programs[sig] = _build(jitted, args, *where)
+    sig, leaves, tree = _kept(jitted, args, where)
+    entry = _programs[sig]
     canon = jax.tree_util.tree_unflatten(tree, leaves)
     if not entry.unproven:
         return entry.compiled(*canon)
@@ -487,6 +484,30 @@ def call(jitted, *args):
         return entry.compiled(*canon)
     entry.unproven = False
     return out
+
+
+def compiled_text(jitted, *args) -> str:
+    """The compiled HLO text of jitted on args (compiled, not run): from
+    the executable the store keeps for the program where it keeps one, so a
+    warm run reads a program's text without lowering or compiling it again
+    (a loaded executable's text is the compiled one's, up to the stack
+    frame numbers of its metadata). Arguments as for call."""
+    where = directory()
+    if where is None:
+        return jitted.trace(*args).lower().compile().as_text()
+    sig, _, _ = _kept(jitted, args, where)
+    return _programs[sig].compiled.as_text()
+
+
+def _kept(jitted, args, where: Tuple[str, bool]):
+    """(key of this process's entry, canonical leaves, tree) of jitted on
+    args, the entry built (loaded from the store, or compiled and stored)
+    when this process has none yet."""
+    leaves, tree = _canonical(args)
+    sig = (jitted, _signature(leaves, tree))
+    if sig not in _programs:
+        _programs[sig] = _build(jitted, args, *where)
+    return sig, leaves, tree
 
 
 def _discard(path: Optional[str]) -> None:

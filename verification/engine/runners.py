@@ -295,7 +295,8 @@ def run_vjp(fn, case, inputs, cts, *, x64=False):
 def compiled_vjp_text(fn, case, inputs) -> str:
     """The compiled HLO text (compiled, not run) of the VJP program of fn on
     the case's shapes: run_vjp's for the core op; for the mixer run_pieces'
-    single call, from an incoming state and returning it."""
+    single call, from an incoming state and returning it (through the
+    program store: a warm run reads it from the stored executable)."""
     names = tuple(inputs)
     arrays = tuple(np.asarray(inputs[n]) for n in names)
     ids = segment_ids_of(case)
@@ -304,11 +305,11 @@ def compiled_vjp_text(fn, case, inputs) -> str:
         zeros = [np.zeros(s, np.float32) for s in _state_shapes(case)]
         state = GDNState(zeros[0].astype(arrays[0].dtype), zeros[1])
         cts = (np.zeros(_out_shapes(case)[0], np.float32), GDNState(*zeros))
-        return runner.lower(arrays, state, cts, ids).compile().as_text()
+        return program_store.compiled_text(runner, arrays, state, cts, ids)
     runner = _vjp_runner(fn, case_op(case), _static(case), "initial_state" in inputs,
                          resolved_mode())
     cts = tuple(c.astype(np.float32) for c in cotangents(case))
-    return runner.lower(arrays, cts, ids).compile().as_text()
+    return program_store.compiled_text(runner, arrays, cts, ids)
 
 
 def run_forward(fn, case, inputs, *, x64=False):

@@ -296,3 +296,41 @@ def test_a_key_that_cannot_be_computed_only_means_not_stored(tmp_path, monkeypat
     assert np.array_equal(np.asarray(out[0]), np.asarray(_program()(X, X)[0]))
     assert not (tmp_path / program_store.SUBDIR).exists()
     program_store.clear()
+
+
+# The compiled text of a program over a (2, 2) mesh (what the sharding
+# property reads its collectives from), asked for in two processes on one
+# cache directory: the first compiles and stores the program, the second
+# reads the text from the stored executable, compiling nothing; the text is
+# the same but for the stack frame numbers in its metadata.
+TEXT_SCRIPT = r"""
+import json, os, re, sys
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from verification.engine import program_store
+compiles = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **_: compiles.append(event)
+    if event == "/jax/core/compile/backend_compile_duration" else None)
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+def f(x):
+    x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("data", "model")))
+    return jnp.tanh(x).sum()
+x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+text = program_store.compiled_text(jax.jit(f), x)
+instructions = [re.sub(r", metadata=\{[^}]*\}", "", line) for line in text.splitlines()
+                if "stack_frame_id" in line or " = " in line]
+print(json.dumps({"counts": program_store.counts(), "compiles": len(compiles),
+                  "all_reduce": "all-reduce(" in text, "instructions": instructions}))
+"""
+
+
+def test_a_stored_programs_compiled_text_is_read_without_compiling(tmp_path):
+    runs = _two_processes(TEXT_SCRIPT, tmp_path)
+    assert runs[0]["counts"]["stored"] == 1 and runs[0]["compiles"] == 1, runs[0]["counts"]
+    assert runs[1]["counts"]["loaded"] == 1 and runs[1]["compiles"] == 0, runs[1]["counts"]
+    assert runs[0]["all_reduce"] and runs[0]["instructions"] == runs[1]["instructions"]
