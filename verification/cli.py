@@ -405,9 +405,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return list_command()
     if command == "merge-reports":
         return merge_reports(args["files"], args.get("report_dir") or ".")
-    # the suite's compile settings, for the processes `run` and `mutants`
-    # start (a replay restores the ones its file records)
-    from .engine import compile_settings
+    # one XLA:CPU intra-op thread in this process and those it starts (every
+    # command); the suite's compile settings, for the processes `run` and
+    # `mutants` start (a replay restores the ones its file records)
+    from .engine import compile_settings, cpu_pool
+    cpu_pool.apply()
     if command == "replay":
         return replay_all(args["files"], args.get("target"), args.get("module"))
     compile_settings.apply()

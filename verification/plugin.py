@@ -55,9 +55,10 @@ class SuiteRun:
     built, compile-cache reads, seconds per test)."""
 
     def __init__(self, config, spec: str):
-        from .engine import compile_cache, compile_settings
+        from .engine import compile_cache, compile_settings, cpu_pool
         # before this process's first XLA computation (see compile_settings)
         self.compile_settings = compile_settings.apply()
+        self.cpu_pool = cpu_pool.apply()
         self.compile_cache = compile_cache.configure(
             not config.getoption("--gdn-no-compile-cache"))
         from .targets import Target, TargetError, make_importable
@@ -179,6 +180,7 @@ class Collection:
                 f"max_examples={s.max_examples} derandomize={s.derandomize} "
                 f"scope={run.scope}" + (" strict" if run.strict() else ""),
                 f"gdn-verify: {run.compile_settings}",
+                f"gdn-verify: {run.cpu_pool}",
                 f"gdn-verify: {run.compile_cache}",
                 f"gdn-verify: {shape_budget_line()}"] + [
                     f"gdn-verify: {line}" for line in (hypothesis_note(),) if line] + [

@@ -14,4 +14,6 @@ bf16_compute_chunked  chunked WY computing bfloat16 inputs in bfloat16 (float32
                       sizes up to 256, beyond the contract.
 bf16_state_chunked    the same with its state kept in bfloat16, declared
                       "bfloat16-state".
+lapack_solve_chunked  bf16_compute_chunked solving its chunk matrix with
+                      jaxlib's batched LAPACK triangular solve.
 """

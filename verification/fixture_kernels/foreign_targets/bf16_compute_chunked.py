@@ -61,13 +61,8 @@ def solve_unit_lower(strict, rhs):
     """X with (I + strict) X = rhs by forward substitution, one row per
     step. strict [..., C, C] strictly lower triangular; rhs [..., C, D].
 
-    Written out rather than lax.linalg.triangular_solve: jaxlib's CPU
-    solve (LAPACK trsm through FFI) splits its batch over XLA's intra-op
-    thread pool and waits for the pieces inside a pool thread; two solves
-    running at once on a 2-thread pool (a 2-core machine) then wait for
-    each other for ever (gdb: both pool threads in
-    jax::ParallelBatchMap's BlockingCounter::Wait, the caller in
-    BlockUntilReady; seen in 3 of 8 fresh-clone gates)."""
+    The default solve; solve_unit_lower_lapack is the same solve by
+    jaxlib's batched LAPACK trsm (foreign_targets.lapack_solve_chunked)."""
     def row(x, i):
         xi = rhs[..., i, :] - jnp.einsum("...j,...jd->...d", strict[..., i, :], x,
                                          precision=HIGHEST)
@@ -75,6 +70,19 @@ def solve_unit_lower(strict, rhs):
 
     x, _ = lax.scan(row, jnp.zeros_like(rhs), jnp.arange(rhs.shape[-2]))
     return x
+
+
+def solve_unit_lower_lapack(strict, rhs):
+    """solve_unit_lower by lax.linalg.triangular_solve on the whole batch
+    (jaxlib's CPU LAPACK trsm, which splits its batch over XLA's intra-op
+    thread pool; its derivative is a triangular solve as well)."""
+    eye = jnp.eye(strict.shape[-1], dtype=strict.dtype)
+    return lax.linalg.triangular_solve(strict + eye, rhs, left_side=True, lower=True,
+                                       unit_diagonal=True)
+
+
+# How chunked_delta_rule solves its chunk matrix, by name (a static argument).
+SOLVES = {"substitution": solve_unit_lower, "lapack": solve_unit_lower_lapack}
 
 
 def _pairwise_log_decay(g):
@@ -93,12 +101,13 @@ def _chunked(x, n, c):
     return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
 
 
-def chunked_delta_rule(q, k, v, g, beta, s0, scale, chunk, state_dtype="float32"):
+def chunked_delta_rule(q, k, v, g, beta, s0, scale, chunk, state_dtype="float32",
+                       solve="substitution"):
     """q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv] (all in the compute dtype);
     g, beta [B, T, Hv] float32; s0 [B, Hv, Dk, Dv] float32; state_dtype:
     the dtype the state is rounded to after every chunk when the compute
     dtype is below float32 (the variant foreign_targets.bf16_state_chunked
-    keeps it in bfloat16). Returns
+    keeps it in bfloat16); solve: a key of SOLVES. Returns
     (o [B, T, Hv, Dv] float32, final state float32)."""
     cd = v.dtype
     if cd == F32:                    # float32 inputs: the contract's float32 throughout
@@ -116,7 +125,7 @@ def chunked_delta_rule(q, k, v, g, beta, s0, scale, chunk, state_dtype="float32"
                   * decay, 0.0).astype(cd)
     rhs = jnp.concatenate([beta[..., None] * v, (beta * jnp.exp(g_cum))[..., None] * k],
                           axis=-1).astype(cd)
-    solved = solve_unit_lower(a.astype(F32), rhs.astype(F32)).astype(cd)
+    solved = SOLVES[solve](a.astype(F32), rhs.astype(F32)).astype(cd)
     u, w = solved[..., :dv], solved[..., dv:]
     attn = (_dot("...ik,...jk->...ij", q, k, cd) * decay).astype(cd)
     q_dec = (jnp.exp(g_cum)[..., None] * q).astype(cd)
@@ -147,17 +156,18 @@ def _layer(x, conv_weight, a, b, a_log, dt_bias, hist0, static):
 
 
 @functools.lru_cache(maxsize=None)
-def _delta_jit(scale, chunk, state_dtype):
+def _delta_jit(scale, chunk, state_dtype, solve):
     def run(q, k, v, g, beta, s0):
         cd = v.dtype
         o, s = chunked_delta_rule(q.astype(cd), k.astype(cd), v, g.astype(F32),
-                                  beta.astype(F32), s0.astype(F32), scale, chunk, state_dtype)
+                                  beta.astype(F32), s0.astype(F32), scale, chunk, state_dtype,
+                                  solve)
         return o.astype(v.dtype), s
     return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=None)
-def _mixer_jit(static, chunk, state_dtype):
+def _mixer_jit(static, chunk, state_dtype, solve):
     scale = static[-1]
 
     def run(x, conv_weight, a, b, a_log, dt_bias, hist0, s0):
@@ -166,13 +176,14 @@ def _mixer_jit(static, chunk, state_dtype):
                                                                   a_log, dt_bias, hist0)),
                                         static)
         o, s = chunked_delta_rule(q.astype(cd), k.astype(cd), v.astype(cd), g, beta,
-                                  s0.astype(F32), scale, chunk, state_dtype)
+                                  s0.astype(F32), scale, chunk, state_dtype, solve)
         return o.astype(cd), GDNState(hist.astype(cd), s)
     return jax.jit(run)
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64,
-                     segment_ids=None, impl=None, state_dtype="float32"):
+                     segment_ids=None, impl=None, state_dtype="float32",
+                     solve="substitution"):
     validation.validate_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
                                          _contract_chunk(chunk_size), "reference",
                                          segment_ids=segment_ids)
@@ -182,13 +193,15 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if initial_state is None:
         initial_state = jnp.zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]), F32)
-    return _delta_jit(scale, int(chunk_size), state_dtype)(q, k, v, g, beta, initial_state)
+    return _delta_jit(scale, int(chunk_size), state_dtype, solve)(q, k, v, g, beta,
+                                                                   initial_state)
 
 
 def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, num_v_heads,
                          head_k_dim, head_v_dim, use_qk_norm=True, eps=1e-6, scale=None,
                          segment_ids=None, chunk_size=64, impl=None, state=None,
-                         return_state=False, state_dtype="float32"):
+                         return_state=False, state_dtype="float32",
+                         solve="substitution"):
     validation.validate_mixer(x, conv_weight, a, b, a_log, dt_bias, num_k_heads, num_v_heads,
                               head_k_dim, head_v_dim, use_qk_norm, eps, scale,
                               _contract_chunk(chunk_size), "reference",
@@ -204,7 +217,7 @@ def gdn_decoupled_conv1d(x, conv_weight, a, b, a_log, dt_bias, *, num_k_heads, n
     if state is None:
         state = GDNState(jnp.zeros((bsz, conv_weight.shape[0] - 1, channels), x.dtype),
                          jnp.zeros((bsz, num_v_heads, head_k_dim, head_v_dim), F32))
-    o, new_state = _mixer_jit(static, int(chunk_size), state_dtype)(
+    o, new_state = _mixer_jit(static, int(chunk_size), state_dtype, solve)(
         x, conv_weight, a, b, a_log, dt_bias, *state)
     return (o, new_state) if return_state else o
 
