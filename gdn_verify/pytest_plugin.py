@@ -28,6 +28,7 @@ SCOPES = ("properties", "all")
 EXAMPLES_ENV = "GDN_EXAMPLES"      # the same as --gdn-examples
 REPORT_OPTION, REPORT_ENV = "--gdn-report", "GDN_STATS_FILE"
 PROGRESS_OPTION, PROGRESS_EVERY_S = "--gdn-progress-every", 10.0
+HANG_OPTION = "--gdn-hang-after"
 # The suite's plugin module, imported only once a target is named.
 SUITE_PLUGIN = "verification.plugin"
 
@@ -69,6 +70,11 @@ def pytest_addoption(parser):
                          "every SECONDS of it (default %(default)s; 0: after every "
                          "example); under pytest-xdist each worker's lines go to standard "
                          "error, named by the worker")
+    group.addoption(HANG_OPTION, default=None, type=float, metavar="SECONDS",
+                    help="an example that runs SECONDS with its process idle is FAILED as "
+                         "hung (its stacks in a file beside its counterexample) and its "
+                         "process ends; under pytest-xdist the worker is replaced and the "
+                         "run goes on (default 300; 0: off; env GDN_HANG_AFTER_S)")
     parser.addini(TARGET_INI, "the kernel module the gdn-verify suite runs on "
                               "(activates the suite)", default=None)
 

@@ -33,6 +33,7 @@ is an error. Exit codes: those of pytest for `run` (0 all held, 1 a failure,
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -45,7 +46,8 @@ SHARED = {"target": ("run", "replay"), "profile": ("run",), "seed": ("run",),
           "examples": ("run", "mutants"), "properties": ("run",), "scope": ("run",),
           "strict": ("run",), "known_failures": ("run",), "junit_xml": ("run",),
           "json": ("run",), "report_dir": ("mutants", "merge-reports"),
-          "jobs": ("run", "mutants"), "no_compile_cache": ("run", "mutants")}
+          "jobs": ("run", "mutants"), "no_compile_cache": ("run", "mutants"),
+          "hang_after": ("run", "replay", "mutants")}
 
 
 # `run`'s options as pytest options: valued ones (passed as --opt=VALUE: pytest
@@ -185,7 +187,7 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
     record["path"] = path
     for warning in _restore_environment(record):
         print(f"gdn-verify replay: warning: {warning}", file=sys.stderr)
-    from .engine import mesh_worker
+    from .engine import mesh_worker, watchdog
     from .properties import load_all
     from .engine.registry import PropertyFailure, is_not_checkable
     from .targets import Target, TargetError
@@ -203,7 +205,8 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
           f"{record.get('interpret_mode', '?')})")
     print(f"case: {record['case']}")
     try:
-        rows = mesh_worker.run(prop, resolved, record["case_obj"])
+        with watchdog.instance().watching(functools.partial(_replay_hung, record)):
+            rows = mesh_worker.run(prop, resolved, record["case_obj"])
     except PropertyFailure as err:
         print(format_table(err.rows))
         klass = failure_class(err.rows, getattr(record["case_obj"], "dtype", "?"))
@@ -223,6 +226,18 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
         return 1
     print(f"passes now: {record['property']}")
     return 0
+
+
+def _replay_hung(record: dict, stalled_s: float) -> None:
+    """The watchdog's handler in a replay: the verdict, with the stacks of
+    every thread written beside the file; the process then ends (exit
+    watchdog.HUNG_EXIT, a failure)."""
+    from .engine import watchdog
+    stacks = os.path.splitext(record["path"])[0] + ".replay-stacks.txt"
+    with open(stacks, "w") as f:
+        f.write(watchdog.stacks_text())
+    print(f"STILL FAILS: {record['property']} [{watchdog.HUNG}]: no progress in "
+          f"{stalled_s:.0f} s with the process idle; stacks: {stacks}", flush=True)
 
 
 def _environment_key(path: str) -> str:
@@ -329,6 +344,10 @@ def _shared_options(parser, suppress: bool) -> None:
     parser.add_argument("--no-compile-cache", action="store_true",
                         default=argparse.SUPPRESS if suppress else False,
                         help="do not use the persistent compilation cache")
+    parser.add_argument("--hang-after", type=float, default=default, metavar="SECONDS",
+                        help="an example that runs this long with its process idle is "
+                             "FAILED as hung and its process ends (default 300; 0: off; "
+                             "env GDN_HANG_AFTER_S)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -408,8 +427,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     # one XLA:CPU intra-op thread in this process and those it starts (every
     # command); the suite's compile settings, for the processes `run` and
     # `mutants` start (a replay restores the ones its file records)
-    from .engine import compile_settings, cpu_pool
+    from .engine import compile_settings, cpu_pool, watchdog
     cpu_pool.apply()
+    if args.get("hang_after") is not None:   # this process and those it starts
+        os.environ[watchdog.AFTER_ENV] = str(args["hang_after"])
     if command == "replay":
         return replay_all(args["files"], args.get("target"), args.get("module"))
     compile_settings.apply()

@@ -19,14 +19,15 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from typing import Dict
 
 import pytest
 
-from gdn_verify.pytest_plugin import (EXAMPLES_ENV, PROGRESS_EVERY_S, PROGRESS_OPTION,
-                                      TARGET_ENV, report_path)
+from gdn_verify.pytest_plugin import (EXAMPLES_ENV, HANG_OPTION, PROGRESS_EVERY_S,
+                                      PROGRESS_OPTION, TARGET_ENV, report_path)
 
 SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 PROPERTY_TESTS = os.path.join(SUITE_DIR, "tests", "test_properties.py")
@@ -59,6 +60,7 @@ class SuiteRun:
         # before this process's first XLA computation (see compile_settings)
         self.compile_settings = compile_settings.apply()
         self.cpu_pool = cpu_pool.apply()
+        _arm_watchdog(config)
         self.compile_cache = compile_cache.configure(
             not config.getoption("--gdn-no-compile-cache"))
         from .targets import Target, TargetError, make_importable
@@ -91,7 +93,8 @@ class SuiteRun:
                 raise pytest.UsageError(str(err)) from None
         # this run's state: options, per-property statistics, failures
         self.session = harness.begin_session(harness.Session(options))
-        self.session.progress = Progress(config, config.getoption(PROGRESS_OPTION)).line
+        progress = Progress(config, config.getoption(PROGRESS_OPTION))
+        self.session.progress, self.session.announce = progress.line, progress.say
         if config.args_source != pytest.Config.ArgsSource.ARGS:
             config.args[:] = [SUITE_DIR if self.scope == "all" else PROPERTY_TESTS]
         self.start, self.compiles0 = time.perf_counter(), self._compiles()
@@ -128,6 +131,23 @@ class SuiteRun:
         return self.session.options.strict
 
 
+def _arm_watchdog(config) -> None:
+    """The watchdog's bound for this process and its workers (--gdn-hang-after
+    over GDN_HANG_AFTER_S), checked here; a controller makes the folder its
+    workers leave their records of a hang in."""
+    import tempfile
+    from .engine import watchdog
+    bound = config.getoption(HANG_OPTION, default=None)
+    if bound is not None:
+        os.environ[watchdog.AFTER_ENV] = str(bound)
+    try:
+        watchdog.after_s()
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+    if getattr(config, "workerinput", None) is None and not os.environ.get(watchdog.RECORDS_ENV):
+        os.environ[watchdog.RECORDS_ENV] = tempfile.mkdtemp(prefix="gdn-hangs-")
+
+
 class Progress:
     """A line while a long property runs: its examples done of planned,
     every `every_s` seconds of it (--gdn-progress-every). A session that
@@ -148,7 +168,11 @@ class Progress:
             return
         self.last[prop] = now
         of = f" of {planned} planned" if planned else ""
-        text = f"{prop}: running, {stats.examples} example(s) done{of} [{stats.seconds:.0f} s]"
+        self.say(f"{prop}: running, {stats.examples} example(s) done{of} [{stats.seconds:.0f} s]")
+
+    def say(self, text: str) -> None:
+        """One line past pytest's capture: on the terminal, or a worker's
+        standard error."""
         capture = self.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             if self.worker is not None:
@@ -262,6 +286,8 @@ class Recording:
         if getattr(report, "node", None) is not None:     # from a pytest-xdist worker
             self._hypothesis_statistics_to_junit(report)
         payload = dict(report.user_properties).get(STATS_KEY)
+        if payload is None and report.failed and getattr(report, "node", None) is not None:
+            payload = _adopt_hang_record(report.nodeid)
         if payload is None:
             return
         data = json.loads(payload)
@@ -302,6 +328,8 @@ class Recording:
             workeroutput["gdn_compiles"] = str(run.total_compiles())
             workeroutput["gdn_cache_hits"] = str(run.cache_hits())
             return
+        from .engine import watchdog
+        shutil.rmtree(os.environ.get(watchdog.RECORDS_ENV, ""), ignore_errors=True)
         path = report_path(run.config)
         if path:
             with open(path, "w") as f:
@@ -331,6 +359,23 @@ class Summary:
         terminalreporter.section("gdn-verify summary")
         for line in summary_lines(self.run):
             terminalreporter.write_line(line)
+
+
+def _adopt_hang_record(nodeid: str):
+    """The statistics a pytest-xdist worker left when the watchdog ended it
+    in this test (engine/watchdog.py), as a stats payload; None if none."""
+    from .engine import watchdog
+    folder = os.environ.get(watchdog.RECORDS_ENV)
+    if not folder or not os.path.isdir(folder):
+        return None
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        with open(path) as f:
+            record = json.load(f)
+        if record["nodeid"] == nodeid:
+            os.remove(path)
+            return json.dumps(record["stats"])
+    return None
 
 
 def _keep(config, items, keep):

@@ -16,7 +16,11 @@ A property's verdict on a target is one of
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
+import os
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -27,7 +31,7 @@ from hypothesis.errors import Unsatisfiable
 from strategies import lattice
 from strategies.cases import MixerCase
 
-from . import claims, known_failures, mesh_worker, runners
+from . import claims, known_failures, mesh_worker, runners, watchdog
 from .profiles import CLAIM_CASES_IN_BUDGET
 from .registry import (Property, PropertyFailure, classed, is_not_checkable,
                        is_tensor_not_checkable, not_checkable_row)
@@ -142,6 +146,8 @@ class Session:
     progress:     called after each example of a property's test with
                   (property id, its stats, planned), or None (the plugin
                   sets it where it can write to the terminal)
+    announce:     writes one line where the user sees it (past pytest's
+                  capture), or None: standard error
     """
     options: RunOptions = dataclasses.field(default_factory=RunOptions)
     stats: Dict[str, PropertyStats] = dataclasses.field(default_factory=dict)
@@ -149,6 +155,7 @@ class Session:
     known_hits: Dict[str, set] = dataclasses.field(default_factory=dict)
     planned: Dict[str, int] = dataclasses.field(default_factory=dict)
     progress: Optional[Callable[[str, "PropertyStats", int], None]] = None
+    announce: Optional[Callable[[str], None]] = None
 
 
 _CURRENT = [Session()]
@@ -193,7 +200,9 @@ def check_property(name: str, target, case, record: bool = True,
         return [not_checkable_row(name, reason)]
     c0, s0, t0 = runners.compile_count(), runners.compile_seconds(), time.perf_counter()
     try:
-        rows = mesh_worker.run(prop, target, case)
+        with watchdog.instance().watching(functools.partial(_record_hang, name, case, target,
+                                                            stats)):
+            rows = mesh_worker.run(prop, target, case)
     except PropertyFailure as err:
         failing = [r for r in err.rows if not r.passed]
         covered = known_failures.covering(session().options.known, name, failing) if record else None
@@ -237,6 +246,42 @@ def check_property(name: str, target, case, record: bool = True,
     else:
         stats.met(claims.claims_met(claims.claims_of(prop, lattice.current_covering()), case))
     return rows
+
+
+def _record_hang(name: str, case, target, stats: PropertyStats, stalled_s: float) -> None:
+    """The watchdog's handler (its thread; the process ends after it): the
+    example as failure class watchdog.HUNG, its counterexample file with
+    the stacks of every thread beside it, a line on standard error, and,
+    in a pytest-xdist worker, a record the controller adopts."""
+    from . import counterexamples
+    from .profiles import selected_profile
+    stats.examples += 1
+    stats.raised += 1
+    stats.failures += 1
+    stats.first_failure_at = stats.first_failure_at or stats.examples
+    stats.verdict = FAILED
+    message = (f"no example finished in {stalled_s:.0f} s and the process sat idle "
+               f"(under {watchdog.IDLE_CPU:.0%} of a core)")
+    path = counterexamples.write(name, case, target.spec, selected_profile(), [], message,
+                                 failure_class=watchdog.HUNG)
+    stacks = os.path.splitext(path)[0] + ".stacks.txt"
+    with open(stacks, "w") as f:
+        f.write(f"{name} on {target.spec}: {message}\n\n{watchdog.stacks_text()}")
+    stats.add_failure(watchdog.HUNG, math.inf, file=path, message=f"{message}; stacks: {stacks}")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    records = os.environ.get(watchdog.RECORDS_ENV)
+    if worker and records:
+        nodeid = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        with open(os.path.join(records, f"{worker}-{os.getpid()}.json"), "w") as f:
+            json.dump({"nodeid": nodeid, "stats": stats_json({name: stats})}, f)
+    text = (f"{name}: FAILED [{watchdog.HUNG}]: {message}; counterexample {path}; stacks "
+            f"{stacks}; this process ends" + ("" if worker else
+                                            " (a run without workers stops here)"))
+    if session().announce is not None:
+        session().announce(text)
+    else:
+        sys.stderr.write(f"gdn-verify: {text}\n")
+        sys.stderr.flush()
 
 
 def _compared(stats: PropertyStats, rows: List[TensorError]) -> List[TensorError]:
