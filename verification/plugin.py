@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 import pytest
 
@@ -60,7 +60,7 @@ class SuiteRun:
         # before this process's first XLA computation (see compile_settings)
         self.compile_settings = compile_settings.apply()
         self.cpu_pool = cpu_pool.apply()
-        _arm_watchdog(config)
+        self.hang_records = _arm_watchdog(config)
         self.compile_cache = compile_cache.configure(
             not config.getoption("--gdn-no-compile-cache"))
         from .targets import Target, TargetError, make_importable
@@ -131,10 +131,11 @@ class SuiteRun:
         return self.session.options.strict
 
 
-def _arm_watchdog(config) -> None:
+def _arm_watchdog(config) -> Optional[str]:
     """The watchdog's bound for this process and its workers (--gdn-hang-after
-    over GDN_HANG_AFTER_S), checked here; a controller makes the folder its
-    workers leave their records of a hang in."""
+    over GDN_HANG_AFTER_S), checked here. A controller (not a pytest-xdist
+    worker) makes the folder its workers leave their records of a hang in,
+    its own even inside another run's process tree, and returns it."""
     import tempfile
     from .engine import watchdog
     bound = config.getoption(HANG_OPTION, default=None)
@@ -144,8 +145,10 @@ def _arm_watchdog(config) -> None:
         watchdog.after_s()
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
-    if getattr(config, "workerinput", None) is None and not os.environ.get(watchdog.RECORDS_ENV):
-        os.environ[watchdog.RECORDS_ENV] = tempfile.mkdtemp(prefix="gdn-hangs-")
+    if getattr(config, "workerinput", None) is not None:
+        return None
+    os.environ[watchdog.RECORDS_ENV] = tempfile.mkdtemp(prefix="gdn-hangs-")
+    return os.environ[watchdog.RECORDS_ENV]
 
 
 class Progress:
@@ -328,8 +331,8 @@ class Recording:
             workeroutput["gdn_compiles"] = str(run.total_compiles())
             workeroutput["gdn_cache_hits"] = str(run.cache_hits())
             return
-        from .engine import watchdog
-        shutil.rmtree(os.environ.get(watchdog.RECORDS_ENV, ""), ignore_errors=True)
+        if run.hang_records:
+            shutil.rmtree(run.hang_records, ignore_errors=True)
         path = report_path(run.config)
         if path:
             with open(path, "w") as f:

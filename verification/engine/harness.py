@@ -251,8 +251,8 @@ def check_property(name: str, target, case, record: bool = True,
 def _record_hang(name: str, case, target, stats: PropertyStats, stalled_s: float) -> None:
     """The watchdog's handler (its thread; the process ends after it): the
     example as failure class watchdog.HUNG, its counterexample file with
-    the stacks of every thread beside it, a line on standard error, and,
-    in a pytest-xdist worker, a record the controller adopts."""
+    the stacks of every thread beside it, a line where the user sees it,
+    and, in a pytest-xdist worker, a record the controller adopts."""
     from . import counterexamples
     from .profiles import selected_profile
     stats.examples += 1
