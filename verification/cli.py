@@ -424,11 +424,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return list_command()
     if command == "merge-reports":
         return merge_reports(args["files"], args.get("report_dir") or ".")
-    # one XLA:CPU intra-op thread in this process and those it starts (every
-    # command); the suite's compile settings, for the processes `run` and
-    # `mutants` start (a replay restores the ones its file records)
-    from .engine import compile_settings, cpu_pool, watchdog
-    cpu_pool.apply()
+    # the suite's compile settings, for the processes `run` and `mutants`
+    # start (a replay restores the ones its file records)
+    from .engine import compile_settings, watchdog
     if args.get("hang_after") is not None:   # this process and those it starts
         os.environ[watchdog.AFTER_ENV] = str(args["hang_after"])
     if command == "replay":

@@ -56,10 +56,9 @@ class SuiteRun:
     built, compile-cache reads, seconds per test)."""
 
     def __init__(self, config, spec: str):
-        from .engine import compile_cache, compile_settings, cpu_pool
+        from .engine import compile_cache, compile_settings
         # before this process's first XLA computation (see compile_settings)
         self.compile_settings = compile_settings.apply()
-        self.cpu_pool = cpu_pool.apply()
         self.hang_records = _arm_watchdog(config)
         self.compile_cache = compile_cache.configure(
             not config.getoption("--gdn-no-compile-cache"))
@@ -207,7 +206,6 @@ class Collection:
                 f"max_examples={s.max_examples} derandomize={s.derandomize} "
                 f"scope={run.scope}" + (" strict" if run.strict() else ""),
                 f"gdn-verify: {run.compile_settings}",
-                f"gdn-verify: {run.cpu_pool}",
                 f"gdn-verify: {run.compile_cache}",
                 f"gdn-verify: {shape_budget_line()}"] + [
                     f"gdn-verify: {line}" for line in (hypothesis_note(),) if line] + [

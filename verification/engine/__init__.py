@@ -6,7 +6,7 @@
     runners.py           jitted target / oracle / reference runs, compile counts
     profiles.py          the Hypothesis profiles (dev, ci, nightly, repro, kill)
     compile_settings.py  XLA:CPU flags of the suite's processes
-    cpu_pool.py          one XLA:CPU intra-op thread per process (no pool deadlock)
+    watchdog.py          an example that waits for ever: FAILED as hung, its stacks
     compile_cache.py     the persistent compilation cache
     program_store.py     compiled programs kept across runs, keyed by the traced program
     picture.py           the run's picture (properties x tensors) and the kill matrix, as SVG

@@ -23,7 +23,7 @@ from strategies.cases import case_from_json, case_to_json
 DIRECTORY_ENV = "GDN_COUNTEREXAMPLES"
 # The environment a failure depends on: how Pallas kernels run, how XLA
 # compiles (flags, the suite's fast-compile opt-out), JAX's precision mode,
-# XLA:CPU's intra-op pool (engine/cpu_pool.py: how matmuls split their work).
+# XLA:CPU's intra-op pool size (PJRT_NPROC: how matmuls split their work).
 RECORDED_ENV = ("GDN_INTERPRET", "XLA_FLAGS", "GDN_XLA_DEFAULTS", "JAX_ENABLE_X64",
                 "JAX_DEFAULT_MATMUL_PRECISION", "JAX_PLATFORMS", "PJRT_NPROC")
 

@@ -2,7 +2,8 @@
 (the example has run for the bound) and it sat idle, its child processes
 too (under IDLE_CPU of a core over the bound: process_cpu_s), as when a kernel waits on something
 that never comes: a host callback's event, a collective, a thread pool
-whose threads all wait (engine/cpu_pool.py prevents the known one).
+whose threads all wait (jaxlib's batched LAPACK solves on a 2-thread
+XLA:CPU pool: docs/kernel-authors.md).
 
 A busy process (a long compile, a slow interpreted kernel) is never
 called hung, however long it takes: only a wait is.

@@ -5,10 +5,10 @@ backward), as many kernels in the field do.
 
 On XLA:CPU that solve splits its batch over the intra-op thread pool and
 waits for the pieces inside a pool thread, so two solves a program runs at
-once on a 2-thread pool wait for each other for ever. The suite's
-processes run with one intra-op thread (verification.engine.cpu_pool);
-verification/tests/test_cpu_pool.py runs this target's properties in fresh
-processes to show that no run hangs."""
+once on a 2-thread pool wait for each other for ever: the ci profile's run
+of this target on 2 workers hangs (benchmarks/results/cpu-2core-epyc/
+pool-deadlock.md), and the watchdog (verification/engine/watchdog.py)
+reports such an example as hung."""
 
 import functools
 
