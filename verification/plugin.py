@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Dict, Optional
+from typing import Dict
 
 import pytest
 
@@ -59,7 +59,7 @@ class SuiteRun:
         from .engine import compile_cache, compile_settings
         # before this process's first XLA computation (see compile_settings)
         self.compile_settings = compile_settings.apply()
-        self.hang_records = _arm_watchdog(config)
+        _arm_watchdog(config)
         self.compile_cache = compile_cache.configure(
             not config.getoption("--gdn-no-compile-cache"))
         from .targets import Target, TargetError, make_importable
@@ -130,11 +130,13 @@ class SuiteRun:
         return self.session.options.strict
 
 
-def _arm_watchdog(config) -> Optional[str]:
+def _arm_watchdog(config) -> None:
     """The watchdog's bound for this process and its workers (--gdn-hang-after
     over GDN_HANG_AFTER_S), checked here. A controller (not a pytest-xdist
     worker) makes the folder its workers leave their records of a hang in,
-    its own even inside another run's process tree, and returns it."""
+    its own even inside another run's process tree, removed when the
+    process exits (however the session ends, a usage error included)."""
+    import atexit
     import tempfile
     from .engine import watchdog
     bound = config.getoption(HANG_OPTION, default=None)
@@ -144,10 +146,10 @@ def _arm_watchdog(config) -> Optional[str]:
         watchdog.after_s()
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
-    if getattr(config, "workerinput", None) is not None:
-        return None
-    os.environ[watchdog.RECORDS_ENV] = tempfile.mkdtemp(prefix="gdn-hangs-")
-    return os.environ[watchdog.RECORDS_ENV]
+    if getattr(config, "workerinput", None) is None:
+        folder = tempfile.mkdtemp(prefix="gdn-hangs-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ[watchdog.RECORDS_ENV] = folder
 
 
 class Progress:
@@ -329,8 +331,6 @@ class Recording:
             workeroutput["gdn_compiles"] = str(run.total_compiles())
             workeroutput["gdn_cache_hits"] = str(run.cache_hits())
             return
-        if run.hang_records:
-            shutil.rmtree(run.hang_records, ignore_errors=True)
         path = report_path(run.config)
         if path:
             with open(path, "w") as f:
