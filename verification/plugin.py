@@ -171,6 +171,11 @@ class Progress:
         if now - last < self.every_s:
             return
         self.last[prop] = now
+        if stats.failures:
+            self.say(f"{prop}: failing since example {stats.first_failure_at}, searching and "
+                     f"shrinking: {stats.examples} example(s) run, {stats.failures} failing "
+                     f"[{stats.seconds:.0f} s]")
+            return
         of = f" of {planned} planned" if planned else ""
         self.say(f"{prop}: running, {stats.examples} example(s) done{of} [{stats.seconds:.0f} s]")
 
@@ -200,13 +205,31 @@ class Collection:
         self.run = run
 
     def pytest_report_header(self, config):
+        return self.header_lines()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session):
+        """Under -q (gdn-verify's runs) pytest prints no header: the run's
+        header is written here, the first lines of the run."""
+        terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+        if (terminal is None or session.config.get_verbosity() >= 0
+                or getattr(session.config, "workerinput", None) is not None):
+            return
+        for line in self.header_lines():
+            terminal.write_line(line)
+
+    def header_lines(self) -> list:
+        """The run's header: target, profile, versions, compile settings and
+        cache, the shape budget, and the adapter's and tolerance's lines."""
         from hypothesis import settings
         from .engine.profiles import hypothesis_note
+        from .engine.counterexamples import versions
         from .summary import factors_text, shape_budget_line
         run, s = self.run, settings()
         return [f"gdn-verify: target={run.target.spec} profile={run.profile_name()} "
                 f"max_examples={s.max_examples} derandomize={s.derandomize} "
                 f"scope={run.scope}" + (" strict" if run.strict() else ""),
+                "gdn-verify: versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
                 f"gdn-verify: {run.compile_settings}",
                 f"gdn-verify: {run.compile_cache}",
                 f"gdn-verify: {shape_budget_line()}"] + [
@@ -255,31 +278,39 @@ class Recording:
         report = outcome.get_result()
         if report.when != "call":
             return
-        if report.failed:
-            self._write_counterexamples(report)
-        stats = self.run.session.stats
         mark = item.get_closest_marker(harness.MARKER)
+        if report.failed:
+            written = self._write_counterexamples(report)
+            if mark is not None and written:
+                _shorten(report, mark.args[0], written)
+        stats = self.run.session.stats
         if mark is not None and mark.args[0] in stats:
             one = harness.stats_json({mark.args[0]: stats[mark.args[0]]})
             report.user_properties.append((STATS_KEY, json.dumps(one)))
 
-    def _write_counterexamples(self, report) -> None:
+    def _write_counterexamples(self, report) -> list:
         """One file per failure class of the test's properties: the last
-        (shrunk) failing case of each; its path goes to the class's row."""
+        (shrunk) failing case of each; its path and its ratio go to the
+        class's row. Returns (failure class, shrunk ratio, path) of each."""
         from .engine import counterexamples
         from .summary import shown_path
         from .tolerance import format_table
-        session = self.run.session
+        session, written = self.run.session, []
         for (prop, klass), (case, target, rows) in list(session.last_failure.items()):
             table = format_table(rows) if rows else "(no error table: the check raised)"
             path = counterexamples.write(prop, case, target.spec, self.run.profile_name(),
                                          rows, table, failure_class=klass)
+            failing = [r.ratio for r in rows if not r.passed]
+            shrunk = max(failing) if failing else None
             if prop in session.stats:      # a property's test, not a meta-test's hunt
-                session.stats[prop].add_failure(klass, 0.0, examples=0, file=shown_path(path))
+                session.stats[prop].add_failure(klass, 0.0, examples=0, file=shown_path(path),
+                                                shrunk=shrunk)
             report.sections.append((f"gdn-verify counterexample [{klass}]",
                                     f"shrunk case written to {path}\nreplay: "
                                     f"{counterexamples.replay_command(path)}\n{table}"))
+            written.append((klass, shrunk, shown_path(path)))
         session.last_failure.clear()
+        return written
 
     def pytest_runtest_logreport(self, report):
         from .engine import harness
@@ -347,19 +378,51 @@ class Recording:
 
 
 class Summary:
-    """The summary section at the end of the terminal report
-    (verification/summary.py)."""
+    """The summary section (verification/summary.py), the last block the
+    run prints: written at unconfigure, after pytest's own short summary
+    and its count of passed and failed tests."""
 
     def __init__(self, run: SuiteRun):
         self.run = run
 
-    def pytest_terminal_summary(self, terminalreporter):
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_unconfigure(self, config):
         from .summary import summary_lines
-        if not self.run.session.stats:
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if (not self.run.session.stats or terminal is None
+                or getattr(config, "workerinput", None) is not None):
             return
-        terminalreporter.section("gdn-verify summary")
+        terminal.section("gdn-verify summary")
         for line in summary_lines(self.run):
-            terminalreporter.write_line(line)
+            terminal.write_line(line)
+
+
+def _shorten(report, prop: str, written) -> None:
+    """A failed property's report as the terminal shows it: one line per
+    failure class (the shrunk case's ratio, the worst seen, the replay
+    command) and the file that holds the rest: the failures' error tables,
+    their tracebacks through the suite and the captured output
+    (counterexamples.write_detail). Only the property's own failures are
+    shortened; an error of the suite itself keeps its traceback."""
+    from .engine import counterexamples
+    from .summary import ratio_text, shown_path
+    st = session_stats().get(prop)
+    detail = "\n\n".join([f"--- {title} ---\n{text}" for title, text in report.sections]
+                         + [f"--- the failure as raised ---\n{report.longreprtext}"])
+    path = shown_path(counterexamples.write_detail(prop, detail))
+    lines = [f"{prop}: FAILED, {len(written)} failure class(es); the whole report: {path}"]
+    for klass, shrunk, file in written:
+        worst = st.classes.get(klass, {}).get("worst") if st is not None else None
+        lines.append(f"  [{klass}] shrunk case ratio {ratio_text(shrunk)} (worst seen "
+                     f"{ratio_text(worst)}): {counterexamples.replay_command(file)}")
+    report.longrepr = "\n".join(lines)
+    report.sections = []
+
+
+def session_stats() -> dict:
+    """This process's property statistics (the harness's session)."""
+    from .engine import harness
+    return harness.session().stats
 
 
 def _adopt_hang_record(nodeid: str):

@@ -121,12 +121,19 @@ def _class_file(st, klass) -> str:
     return st.classes[klass]["file"] or "(not written)"
 
 
+def ratio_text(ratio) -> str:
+    """A ratio to the bound as the report prints it ("?" where unknown)."""
+    return "?" if ratio is None else f"{ratio:.3g}"
+
+
 def failure_class_lines(st) -> list:
     """One line per failure class of a property, the worst first: each is
-    its own finding, with its own counterexample file."""
+    its own finding, with its own counterexample file; the ratio of the
+    shrunk case that file holds beside the worst seen while searching."""
     order = sorted(st.classes, key=lambda k: -st.classes[k]["worst"])
-    return [f"    failure class {k}: {st.classes[k]['examples']} failing run(s), worst ratio "
-            f"{st.classes[k]['worst']:.3g}, counterexample {_class_file(st, k)}"
+    return [f"    failure class {k}: {st.classes[k]['examples']} failing run(s), shrunk case "
+            f"ratio {ratio_text(st.classes[k].get('shrunk'))} (worst seen "
+            f"{ratio_text(st.classes[k]['worst'])}), counterexample {_class_file(st, k)}"
             + (f"; {st.classes[k]['message']}" if st.classes[k].get("message") else "")
             for k in order]
 

@@ -88,6 +88,22 @@ def write(prop: str, case, target: str, profile: str, rows, table: str,
     return path
 
 
+def write_detail(prop: str, text: str, folder: Optional[str] = None) -> str:
+    """Write a failed property's whole report (its failures' error tables,
+    tracebacks and captured output) as <folder>/<prop>.failure.txt, beside
+    its counterexample files; returns its path. The terminal shows one line
+    per failure and this file's path."""
+    folder = folder or directory()
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{prop}.failure.txt")
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".txt", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
 def load(path: str) -> dict:
     with open(path) as f:
         record = json.load(f)

@@ -77,8 +77,9 @@ class PropertyStats:
     verdict: str = ""
     reasons: Dict[str, int] = dataclasses.field(default_factory=dict)   # not checkable: why
     worst: Dict[str, TensorError] = dataclasses.field(default_factory=dict)
-    # failure class (tolerance.failure_class) -> {"examples", "worst" (ratio),
-    # "file" (its counterexample, once written)}
+    # failure class (tolerance.failure_class) -> {"examples", "worst" (the
+    # worst ratio seen while searching and shrinking), "file" (its
+    # counterexample, once written), "shrunk" (that counterexample's ratio)}
     classes: Dict[str, dict] = dataclasses.field(default_factory=dict)
     # tensor -> {"examples", "worst"}: rows that held only at the target's
     # declared precision (tolerance.DEVIATES), worst = ratio at the contract's bound
@@ -106,13 +107,16 @@ class PropertyStats:
         _add_beyond(self.tolerated, tensor, ratio, examples)
 
     def add_failure(self, failure_class: str, ratio: float, examples: int = 1,
-                    file: str = "", message: str = "") -> None:
+                    file: str = "", message: str = "",
+                    shrunk: Optional[float] = None) -> None:
         c = self.classes.setdefault(failure_class, {"examples": 0, "worst": 0.0, "file": ""})
         c["examples"] += examples
         c["worst"] = max(c["worst"], ratio)
         c["file"] = file or c["file"]
         if message:
             c["message"] = message
+        if shrunk is not None:
+            c["shrunk"] = shrunk
 
     @property
     def worst_class(self) -> Optional[str]:
@@ -539,7 +543,8 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
         for tensor, tol in d.get("tolerated", {}).items():
             st.add_tolerated(tensor, tol["worst"], tol["examples"])
         for klass, c in d.get("classes", {}).items():
-            st.add_failure(klass, c["worst"], c["examples"], c["file"], c.get("message", ""))
+            st.add_failure(klass, c["worst"], c["examples"], c["file"], c.get("message", ""),
+                           c.get("shrunk"))
         for claim, n in d.get("claims_met", {}).items():
             st.claims_met[claim] = st.claims_met.get(claim, 0) + n
         st.claims_unmet.update(d.get("claims_unmet", {}))

@@ -314,3 +314,21 @@ def test_a_long_property_prints_a_progress_line_every_so_often():
     assert terminal.lines == [
         "gdn-verify: mixer_split_invariance: running, 3 example(s) done of 7 planned [12 s]",
         "gdn-verify: mixer_split_invariance: running, 6 example(s) done of 7 planned [24 s]"]
+
+
+def test_progress_says_a_failing_property_is_searching_and_shrinking():
+    """Once an example has failed, the progress line says so: Hypothesis is
+    shrinking, and the planned count no longer bounds the examples run."""
+    from ..plugin import Progress
+    from ..engine.harness import PropertyStats
+    terminal = _Terminal()
+    clock = [100.0]
+    progress = Progress(type("Config", (), {"pluginmanager": _Plugins(terminal)})(),
+                        clock=lambda: clock[0])
+    stats = PropertyStats(examples=65, failures=12, first_failure_at=4, seconds=30.0)
+    clock[0] += 30.0
+    progress.line("state_gradient_parity", stats, planned=10)
+    assert terminal.lines == [
+        "gdn-verify: state_gradient_parity: failing since example 4, searching and shrinking: "
+        "65 example(s) run, 12 failing [30 s]"]
+

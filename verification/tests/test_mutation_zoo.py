@@ -286,6 +286,27 @@ def test_each_failure_class_gets_its_own_counterexample(tmp_path, capsys):
         assert f"STILL FAILS: {prop} [{klass}]" in out and "recorded as" not in out, out
     (row,) = [line for line in proc.stdout.splitlines() if line.startswith(f"{prop} ")]
     assert "dg: rel inf" in row and row.endswith(files["dg float32 non-finite"]), row
+    _the_report_an_author_reads(proc.stdout, prop, files, tmp_path)
+
+
+def _the_report_an_author_reads(stdout: str, prop: str, files: dict, folder) -> None:
+    """A failing run's terminal: the summary is its last block, no traceback
+    through the suite's frames, one line per failure class with the shrunk
+    case's ratio beside the worst seen; the rest in the property's report
+    file beside its counterexamples."""
+    lines = stdout.splitlines()
+    sections = [i for i, line in enumerate(lines) if line.startswith("====")]
+    assert "gdn-verify summary" in lines[sections[-1]], lines[sections[-1]:]
+    assert "harness.py" not in stdout and "Traceback" not in stdout, stdout[-3000:]
+    for klass, path in files.items():
+        (line,) = [x for x in lines if x.startswith(f"  [{klass}] shrunk case ratio ")]
+        assert "(worst seen " in line and line.endswith(f"gdn-verify replay {path}"), line
+        (summary_row,) = [x for x in lines[sections[-1]:]
+                          if x.startswith(f"    failure class {klass}:")]
+        assert "shrunk case ratio" in summary_row and "worst seen" in summary_row, summary_row
+    detail = (folder / f"{prop}.failure.txt").read_text()
+    assert all(f"gdn-verify counterexample [{klass}]" in detail for klass in files), detail
+    assert "harness.py" in detail        # the traceback is kept there, for the suite's authors
 
 
 # The state family's split kinds, one seeded bug each (verification/mutants/catalog.py).
