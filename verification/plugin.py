@@ -291,7 +291,8 @@ class Recording:
     def _write_counterexamples(self, report) -> list:
         """One file per failure class of the test's properties: the last
         (shrunk) failing case of each; its path and its ratio go to the
-        class's row. Returns (failure class, shrunk ratio, path) of each."""
+        class's row. Returns (failure class, shrunk ratio, the worst failing
+        row's note, path) of each."""
         from .engine import counterexamples
         from .summary import shown_path
         from .tolerance import format_table
@@ -300,15 +301,16 @@ class Recording:
             table = format_table(rows) if rows else "(no error table: the check raised)"
             path = counterexamples.write(prop, case, target.spec, self.run.profile_name(),
                                          rows, table, failure_class=klass)
-            failing = [r.ratio for r in rows if not r.passed]
-            shrunk = max(failing) if failing else None
+            failing = sorted((r for r in rows if not r.passed), key=lambda r: -r.ratio)
+            shrunk = failing[0].ratio if failing else None
+            note = failing[0].note if failing else ""
             if prop in session.stats:      # a property's test, not a meta-test's hunt
                 session.stats[prop].add_failure(klass, 0.0, examples=0, file=shown_path(path),
                                                 shrunk=shrunk)
             report.sections.append((f"gdn-verify counterexample [{klass}]",
                                     f"shrunk case written to {path}\nreplay: "
                                     f"{counterexamples.replay_command(path)}\n{table}"))
-            written.append((klass, shrunk, shown_path(path)))
+            written.append((klass, shrunk, note, shown_path(path)))
         session.last_failure.clear()
         return written
 
@@ -399,8 +401,8 @@ class Summary:
 
 def _shorten(report, prop: str, written) -> None:
     """A failed property's report as the terminal shows it: one line per
-    failure class (the shrunk case's ratio, the worst seen, the replay
-    command) and the file that holds the rest: the failures' error tables,
+    failure class (the shrunk case's ratio, the worst seen, its worst row's
+    note, the replay command) and the file that holds the rest: the failures' error tables,
     their tracebacks through the suite and the captured output
     (counterexamples.write_detail). Only the property's own failures are
     shortened; an error of the suite itself keeps its traceback."""
@@ -411,10 +413,11 @@ def _shorten(report, prop: str, written) -> None:
                          + [f"--- the failure as raised ---\n{report.longreprtext}"])
     path = shown_path(counterexamples.write_detail(prop, detail))
     lines = [f"{prop}: FAILED, {len(written)} failure class(es); the whole report: {path}"]
-    for klass, shrunk, file in written:
+    for klass, shrunk, note, file in written:
         worst = st.classes.get(klass, {}).get("worst") if st is not None else None
         lines.append(f"  [{klass}] shrunk case ratio {ratio_text(shrunk)} (worst seen "
-                     f"{ratio_text(worst)}): {counterexamples.replay_command(file)}")
+                     f"{ratio_text(worst)})" + (f", {note}" if note else "")
+                     + f": {counterexamples.replay_command(file)}")
     report.longrepr = "\n".join(lines)
     report.sections = []
 

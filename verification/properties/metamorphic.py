@@ -143,7 +143,7 @@ def batch_independence(target, case: MixerCase):
 
 @prop("gva_equals_explicit_repeat", family="metamorphic",
       strategy=delta_rule_cases(where=lambda g: _f32(g) and g["layout"][1] > 1), weight=0.5,
-      wrong_target="gdn_mutant_gva_tile_not_repeat:xla", needs=("gva",),
+      wrong_target="gdn_mutant_gva_tile_not_repeat:xla", needs=("gva", "kernel_gva"),
       covers={"G=2": shape_claim(lambda c: c.group == 2, "gva"),
               "G=4": shape_claim(lambda c: c.group == 4, "gva"),
               "Hk=2": lambda c: c.k_heads == 2})

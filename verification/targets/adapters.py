@@ -177,7 +177,8 @@ class Conventions:
         if self.layout == "head_first":
             lines.append("head-first [B, H, T, D] tensors: transposed to and from [B, T, H, D]")
         if self.heads == "equal":
-            lines.append("equal q/k/v heads: q and k repeated to the Hv value heads")
+            lines.append("equal q/k/v heads: q and k repeated to the Hv value heads; GVA "
+                         "against its explicit repeat not checkable")
         if self.scale == "fixed":
             lines.append("scale fixed at Dk**-0.5 in the kernel: scale= not checkable")
         if self.qk_norm is not None:
@@ -208,6 +209,7 @@ class Conventions:
             dtypes=tuple(dtypes), compute_precision=compute_precision,
             segment_ids=self.varlen is not None,
             initial_state=self.initial_state, carried_state=False, gva=True,
+            kernel_gva=self.heads == "grouped",
             scale=self.scale == "argument",
             chunk_argument=self.chunk_size == "argument",
             validates_input=False, core_qk_norm=self.qk_norm,

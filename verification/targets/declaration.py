@@ -55,6 +55,12 @@ class Supports:
                      recurrent state and their gradients are still checked,
                      a call after a conv history is not)
     gva:             more value heads than key heads (Hv = G Hk, G > 1)
+    kernel_gva:      the kernel itself takes fewer key heads than value heads
+                     (False: the adapter repeats q and k to the value heads,
+                     adapt(heads="equal"): GVA cases run through that repeat,
+                     and the property that compares GVA with an explicit
+                     repeat is not checkable, both its sides being the
+                     adapter's repeat)
     scale:           a scale= other than the default Dk**-0.5
     chunk_sizes:     the chunk_size values accepted (None: every one the
                      contract allows, 16..128); may add 256, beyond the
@@ -87,6 +93,7 @@ class Supports:
     carried_state: bool = True
     incoming_conv_state: bool = True
     gva: bool = True
+    kernel_gva: bool = True
     scale: bool = True
     chunk_sizes: Optional[Tuple[int, ...]] = None
     chunk_argument: bool = True
@@ -320,6 +327,10 @@ NEEDS = {
                             INCOMING_CONV_STATE_IGNORED),
     "gva": (lambda d: d.supports.gva,
             "the target declares no GVA (Hv > Hk)"),
+    "kernel_gva": (lambda d: d.supports.kernel_gva,
+                   "the kernel has no GVA: the adapter repeats q and k to the value heads "
+                   "(heads=\"equal\"), so the GVA run and its explicit repeat both run "
+                   "that repeat"),
     "scale": (lambda d: d.supports.scale,
               "the target declares no scale= argument"),
     "validates_input": (lambda d: d.supports.validates_input,

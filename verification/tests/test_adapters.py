@@ -163,6 +163,19 @@ def test_what_a_convention_cannot_carry_is_not_checkable():
     assert "eps=0.001" in unmet(mixer, case_needs(dataclasses.replace(mcase, eps=1e-3)))
 
 
+def test_gva_through_the_adapters_repeat_is_not_checkable_against_a_repeat():
+    """A kernel without GVA (heads="equal": the adapter repeats q and k) runs
+    the GVA cases of every property through that repeat, but the GVA
+    equivalence property compares the adapter's repeat with itself: not
+    checkable, with the reason; a kernel with GVA of its own checks it."""
+    from ..properties import load_all
+    gva_property = next(p for p in load_all().values() if "kernel_gva" in p.needs)
+    equal = adapt(_doc_ids_kernel, heads="equal")
+    assert "the adapter repeats q and k" in unmet(equal, gva_property.needs)
+    assert equal.supports.gva                      # its GVA cases still run
+    assert unmet(adapt(_doc_ids_kernel), gva_property.needs) is None
+
+
 @pytest.mark.parametrize("bad", [dict(layout="BHTD"), dict(decay="log2"),
                                  dict(chunk_size=64),
                                  dict(varlen="cu_seqlens", initial_state=False)])
@@ -194,7 +207,9 @@ def test_a_deviation_fails_unless_listed_as_a_known_failure(tmp_path):
     file, the property is an expected failure and the run passes."""
     failing = _gdn_verify(tmp_path)
     assert failing.returncode == 1, failing.stdout[-3000:]
-    assert "dinitial_state dtype" in failing.stdout and "convention deviation" in failing.stdout
+    assert "[dinitial_state dtype" in failing.stdout          # its failure class's line
+    report = tmp_path / "counterexamples" / "conventions_match_contract.failure.txt"
+    assert "convention deviation" in report.read_text()      # its error table
     known = tmp_path / "known.txt"
     known.write_text("conventions_match_contract | dinitial_state dtype | backward in q's dtype\n")
     listed = _gdn_verify(tmp_path, f"--known-failures={known}")

@@ -62,6 +62,7 @@ WITHOUT = {
     "incoming_conv_state": (dict(supports=Supports(incoming_conv_state=False)),
                             "incoming_conv_state"),
     "gva": (dict(supports=Supports(gva=False)), "gva"),
+    "gva of its own": (dict(supports=Supports(kernel_gva=False)), "kernel_gva"),
     "validates_input": (dict(supports=Supports(validates_input=False)), "validates_input"),
     "bfloat16": (dict(supports=Supports(dtypes=("float32",))), "dtype:bfloat16"),
     "chunk 32": (dict(supports=Supports(chunk_sizes=(16, 64))), "chunk_size:32"),

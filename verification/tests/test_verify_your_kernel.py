@@ -284,7 +284,7 @@ def test_a_torch_op_of_the_field_verified_as_it_is(author):
     assert any("da_log" in c for c in verdicts["mixer_gradient_parity"]["classes"])
     assert "from_torch" in " ".join(verdicts["decode_compiles_once"]["reasons"])
     held = [n for n, p in verdicts.items() if p["verdict"] == "held"]
-    assert len(held) >= 16, summary[-3000:]
+    assert len(held) >= 15, summary[-3000:]     # GVA equivalence: the adapter's repeat
 
 
 def test_an_mlx_kernel_holds_every_checkable_property(author):
@@ -297,5 +297,5 @@ def test_an_mlx_kernel_holds_every_checkable_property(author):
     summary = proc.output.split("gdn-verify summary", 1)[1]
     assert "adapter: mlx kernel through from_mlx" in summary and "FAILED: 0" in summary
     held = int(re.search(r"held on the target: (\d+) properties", summary).group(1))
-    assert held >= 19, summary[-3000:]
+    assert held >= 18, summary[-3000:]          # GVA equivalence: the adapter's repeat
     assert re.search(r"^decode_compiles_once\s+not checkable .*from_mlx", summary, re.M)
