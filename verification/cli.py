@@ -143,12 +143,13 @@ def list_command() -> int:
 def _restore_environment(record: dict) -> List[str]:
     """Set the recorded interpret mode and environment in this process;
     the warnings of what could not be restored."""
-    from .engine import counterexamples
+    from .engine import counterexamples, cpu_pool
     warnings = []
     env = record.get("environment")
     if env is None:
         from .engine import compile_settings
         compile_settings.apply()
+        cpu_pool.apply()
         return [f"{record['path']}: no recorded environment (written by an older "
                 f"gdn-verify): replaying under this process's settings"]
     from jax._src import xla_bridge
@@ -167,6 +168,8 @@ def _restore_environment(record: dict) -> List[str]:
     mode = record.get("interpret_mode")
     if mode:
         os.environ["GDN_INTERPRET"] = mode
+    if not started:
+        cpu_pool.apply()           # a file that recorded no pool size: the suite's
     now = counterexamples.versions()
     for lib in ("jax", "jaxlib"):
         was = record.get("versions", {}).get(lib)
@@ -234,10 +237,13 @@ def _replay_hung(record: dict, stalled_s: float) -> None:
     watchdog.HUNG_EXIT, a failure)."""
     from .engine import watchdog
     stacks = os.path.splitext(record["path"])[0] + ".replay-stacks.txt"
+    threads = watchdog.stacks_text()
+    cause = watchdog.known_wait(threads)
     with open(stacks, "w") as f:
-        f.write(watchdog.stacks_text())
+        f.write(threads)
     print(f"STILL FAILS: {record['property']} [{watchdog.HUNG}]: no progress in "
-          f"{stalled_s:.0f} s with the process idle; stacks: {stacks}", flush=True)
+          f"{stalled_s:.0f} s with the process idle" + (f": {cause}" if cause else "")
+          + f"; stacks: {stacks}", flush=True)
 
 
 def _environment_key(path: str) -> str:
@@ -424,14 +430,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return list_command()
     if command == "merge-reports":
         return merge_reports(args["files"], args.get("report_dir") or ".")
-    # the suite's compile settings, for the processes `run` and `mutants`
-    # start (a replay restores the ones its file records)
-    from .engine import compile_settings, watchdog
+    # the suite's compile settings and intra-op pool, for the processes `run`
+    # and `mutants` start (a replay restores the ones its file records)
+    from .engine import compile_settings, cpu_pool, watchdog
     if args.get("hang_after") is not None:   # this process and those it starts
         os.environ[watchdog.AFTER_ENV] = str(args["hang_after"])
     if command == "replay":
         return replay_all(args["files"], args.get("target"), args.get("module"))
     compile_settings.apply()
+    cpu_pool.apply()
     if command == "mutants":
         from .engine import compile_cache
         compile_cache.configure(not args.get("no_compile_cache"))

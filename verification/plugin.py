@@ -56,9 +56,10 @@ class SuiteRun:
     built, compile-cache reads, seconds per test)."""
 
     def __init__(self, config, spec: str):
-        from .engine import compile_cache, compile_settings
+        from .engine import compile_cache, compile_settings, cpu_pool
         # before this process's first XLA computation (see compile_settings)
         self.compile_settings = compile_settings.apply()
+        self.cpu_pool = cpu_pool.apply()
         _arm_watchdog(config)
         self.compile_cache = compile_cache.configure(
             not config.getoption("--gdn-no-compile-cache"))
@@ -231,6 +232,7 @@ class Collection:
                 f"scope={run.scope}" + (" strict" if run.strict() else ""),
                 "gdn-verify: versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
                 f"gdn-verify: {run.compile_settings}",
+                f"gdn-verify: {run.cpu_pool}",
                 f"gdn-verify: {run.compile_cache}",
                 f"gdn-verify: {shape_budget_line()}"] + [
                     f"gdn-verify: {line}" for line in (hypothesis_note(),) if line] + [

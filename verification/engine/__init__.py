@@ -6,6 +6,7 @@
     runners.py           jitted target / oracle / reference runs, compile counts
     profiles.py          the Hypothesis profiles (dev, ci, nightly, repro, kill)
     compile_settings.py  XLA:CPU flags of the suite's processes
+    cpu_pool.py          XLA:CPU's intra-op pool size (batched LAPACK calls' deadlock)
     watchdog.py          an example that waits for ever: FAILED as hung, its stacks
     compile_cache.py     the persistent compilation cache
     program_store.py     compiled programs kept across runs, keyed by the traced program

@@ -266,11 +266,14 @@ def _record_hang(name: str, case, target, stats: PropertyStats, stalled_s: float
     stats.verdict = FAILED
     message = (f"no example finished in {stalled_s:.0f} s and the process sat idle "
                f"(under {watchdog.IDLE_CPU:.0%} of a core)")
+    threads = watchdog.stacks_text()
+    cause = watchdog.known_wait(threads)
+    message += f": {cause}" if cause else ""
     path = counterexamples.write(name, case, target.spec, selected_profile(), [], message,
                                  failure_class=watchdog.HUNG)
     stacks = os.path.splitext(path)[0] + ".stacks.txt"
     with open(stacks, "w") as f:
-        f.write(f"{name} on {target.spec}: {message}\n\n{watchdog.stacks_text()}")
+        f.write(f"{name} on {target.spec}: {message}\n\n{threads}")
     stats.add_failure(watchdog.HUNG, math.inf, file=path, message=f"{message}; stacks: {stacks}")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     records = os.environ.get(watchdog.RECORDS_ENV)

@@ -2,8 +2,9 @@
 (the example has run for the bound) and it sat idle, its child processes
 too (under IDLE_CPU of a core over the bound: process_cpu_s), as when a kernel waits on something
 that never comes: a host callback's event, a collective, a thread pool
-whose threads all wait (jaxlib's batched LAPACK solves on a 2-thread
-XLA:CPU pool: docs/kernel-authors.md).
+whose threads all wait (jaxlib's batched LAPACK calls filling XLA:CPU's
+intra-op pool: cpu_pool.py; `known_wait` names that one from the native
+stacks).
 
 A busy process (a long compile, a slow interpreted kernel) is never
 called hung, however long it takes: only a wait is.
@@ -83,6 +84,28 @@ def native_stacks(timeout_s: float = 30.0) -> str:
 def stacks_text() -> str:
     return ("Python stacks (faulthandler):\n" + python_stacks()
             + "\nNative stacks (gdb):\n" + native_stacks() + "\n")
+
+
+# Waits whose cause the native stacks name: (frames that all appear in a
+# stuck thread's stack, what the wait is).
+KNOWN_WAITS = (
+    (("ParallelBatchMap", "BlockingCounter::Wait"),
+     "XLA:CPU's intra-op pool threads wait inside jaxlib's batched LAPACK kernel "
+     "(jax::ParallelBatchMap): the program ran as many batched solves at once as the pool "
+     "has threads ({ENV}={threads}), each waiting for pieces of its batch no free thread "
+     "is left to run (verification/engine/cpu_pool.py)"),
+)
+
+
+def known_wait(stacks: str) -> Optional[str]:
+    """What a hang is, where the native stacks show a wait KNOWN_WAITS names
+    (a thread's stack holding every frame of one), or None."""
+    from .cpu_pool import ENV
+    threads = stacks.split("\nThread ")
+    for frames, cause in KNOWN_WAITS:
+        if any(all(frame in thread for frame in frames) for thread in threads):
+            return cause.format(ENV=ENV, threads=os.environ.get(ENV, "one per core"))
+    return None
 
 
 def process_cpu_s() -> float:
