@@ -80,8 +80,9 @@ ALREADY_IMPORTED_WARNING = ("ignore:Module already imported so cannot be rewritt
 
 def _suite_args(args) -> List[str]:
     """The pytest arguments of `run`'s options: properties only unless
-    --scope all, on every core unless --jobs 1."""
-    out = ["-p", "gdn_verify", "-q", f"--gdn-scope={args.get('scope') or 'properties'}",
+    --scope all, on every core unless --jobs 1; pytest's short summary lists
+    failures and errors alone (the not-checkable reasons are the summary's)."""
+    out = ["-p", "gdn_verify", "-q", "-rfE", f"--gdn-scope={args.get('scope') or 'properties'}",
            "-W", ALREADY_IMPORTED_WARNING]
     jobs = args.get("jobs") or default_jobs()
     if jobs > 1 and _have_xdist():
