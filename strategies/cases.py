@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Tuple
+from typing import Optional, Tuple
 
 from .shapes import HeadLayout
 
@@ -67,7 +67,8 @@ class DeltaRuleCase(CaseShape):
     strategies.regimes. zero_rows: (which, batch, token, key head) rows of q
     or k set to exactly zero. segments: the packed layout, one row layout
     ((id, length), ...) per batch row (strategies.segments); () means
-    segment_ids=None.
+    segment_ids=None. scale: the scale= passed (None: none, the default
+    Dk**-0.5; a lattice row's column, strategies.lattice.SCALE_FACTORS).
     """
     dtype: str
     state_dtype: str
@@ -80,6 +81,7 @@ class DeltaRuleCase(CaseShape):
     key_cosine: float = 0.0
     key_pair_cosine: float = 0.0
     segments: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
+    scale: Optional[float] = None
 
     @property
     def stable(self) -> bool:
@@ -94,7 +96,8 @@ class MixerCase(CaseShape):
     a_log_shape / dt_bias_shape: the parameter shapes ([Hv], [B', Hv] or
     [B', T', Hv], size-1 axes broadcast). param_dtype: dtype of conv_weight,
     a_log and dt_bias (float32 or the activation dtype). segments: the
-    packed layout as for DeltaRuleCase; () means segment_ids=None.
+    packed layout as for DeltaRuleCase; () means segment_ids=None. scale:
+    as for DeltaRuleCase.
     """
     conv_width: int
     dtype: str
@@ -108,6 +111,7 @@ class MixerCase(CaseShape):
     beta_regime: str = "ordinary"
     near_zero: Tuple[NearZeroRow, ...] = ()
     segments: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
+    scale: Optional[float] = None
 
 
 CASE_TYPES = {"DeltaRuleCase": DeltaRuleCase, "MixerCase": MixerCase}
@@ -117,9 +121,10 @@ CASE_TYPES = {"DeltaRuleCase": DeltaRuleCase, "MixerCase": MixerCase}
 # the row (seed, regimes, near-zero rows, segments, key geometry, eps).
 SHAPE_FIELDS = {
     DeltaRuleCase: tuple(f.name for f in dataclasses.fields(CaseShape)) + (
-        "dtype", "state_dtype", "has_initial_state"),
+        "dtype", "state_dtype", "has_initial_state", "scale"),
     MixerCase: tuple(f.name for f in dataclasses.fields(CaseShape)) + (
-        "conv_width", "dtype", "param_dtype", "a_log_shape", "dt_bias_shape", "use_qk_norm"),
+        "conv_width", "dtype", "param_dtype", "a_log_shape", "dt_bias_shape", "use_qk_norm",
+        "scale"),
 }
 
 
@@ -139,12 +144,15 @@ def shape_of(case):
 
 def case_to_json(case) -> dict:
     """Plain-JSON form: {"type": ..., "fields": {...}}. An unpacked case
-    (segments == ()) leaves "segments" out, and one with independent keys
-    "key_cosine" and "key_pair_cosine", so its JSON (and the digest of its
-    counterexample file) is what it was before either existed."""
+    (segments == ()) leaves "segments" out, one with independent keys
+    "key_cosine" and "key_pair_cosine", and one at the default scale
+    "scale", so its JSON (and the digest of its counterexample file) is what
+    it was before these existed."""
     fields = dataclasses.asdict(case)
     if not fields["segments"]:
         del fields["segments"]
+    if fields["scale"] is None:
+        del fields["scale"]
     for key_geometry in ("key_cosine", "key_pair_cosine"):
         if not fields.get(key_geometry, 1.0):   # independent keys: the JSON of before
             del fields[key_geometry]

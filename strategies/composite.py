@@ -104,7 +104,8 @@ def _delta_shape(geo) -> dict:
     return dict(batch=geo["batch"], seq_len=lattice.seq_len(geo["length"], geo["chunk"]),
                 k_heads=hk, group=group, dk=dk, dv=dv, chunk=geo["chunk"],
                 dtype=geo["dtypes"][0], state_dtype=geo["dtypes"][1],
-                has_initial_state=geo["initial_state"])
+                has_initial_state=geo["initial_state"],
+                scale=lattice.scale_of(geo["scale"], dk))
 
 
 def _mixer_shape(geo) -> dict:
@@ -116,7 +117,7 @@ def _mixer_shape(geo) -> dict:
                 param_dtype=geo["dtypes"][1],
                 a_log_shape=lattice.param_shape(geo["a_log"], batch, seq_len, hv),
                 dt_bias_shape=lattice.param_shape(geo["dt_bias"], batch, seq_len, hv),
-                use_qk_norm=geo["qk_norm"])
+                use_qk_norm=geo["qk_norm"], scale=lattice.scale_of(geo["scale"], dk))
 
 
 def _delta_rows():
@@ -186,6 +187,7 @@ def _event_geometry(geo, length):
     event(f"dtypes {geo['dtypes'][0]}/{geo['dtypes'][1]}")
     hk, group, dk, dv = geo["layout"]
     event(f"G={group}; Dk{'=' if dk == dv else '!='}Dv")
+    event(f"scale {geo['scale']:g} x Dk**-0.5")
 
 
 @yields(DeltaRuleCase, delta_rule_shapes)

@@ -58,6 +58,19 @@ PARAM_KINDS = ("[Hv]", "[1,Hv]", "[B,Hv]", "[B,1,Hv]", "[1,T,Hv]", "[B,T,Hv]", "
 # (activation dtype, parameter/state dtype)
 DTYPE_PAIRS = (("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"))
 
+# scale= as a multiple of the contract's default Dk**-0.5: 1.0 passes none
+# (the default), 0.5 passes half the default. A column of the rows, not a
+# knob of their all-pairs covering (COLUMNS below): the rows are those of
+# the other knobs, each given the value that pairs with the most of its
+# knob values not yet seen with it, so a static argument varies without a
+# new row (a new compile) or a change to the draws on the rows.
+SCALE_FACTORS = (1.0, 0.5)
+
+
+def scale_of(factor: float, dk: int):
+    """The scale= a row's factor passes (None: the default Dk**-0.5)."""
+    return None if factor == 1.0 else factor * dk ** -0.5
+
 
 def boundary_lengths(chunk: int) -> tuple:
     """Lengths on and around chunk boundaries: 1, C-1, C, C+1, 2C-1, 2C+1, 3C+5."""
@@ -204,12 +217,18 @@ MIXER_KNOBS = {
     "chunk": CHUNK_SIZES, "length": LENGTH_KINDS, "layout": HEAD_LAYOUTS,
     "batch": BATCHES, "conv_width": CONV_WIDTHS, "dtypes": DTYPE_PAIRS,
     "a_log": PARAM_KINDS, "dt_bias": PARAM_KINDS, "qk_norm": (True, False),
+    "scale": SCALE_FACTORS,
 }
 
 DELTA_KNOBS = {
     "chunk": CHUNK_SIZES, "length": LENGTH_KINDS, "layout": HEAD_LAYOUTS,
     "batch": BATCHES, "dtypes": DTYPE_PAIRS, "initial_state": (True, False),
+    "scale": SCALE_FACTORS,
 }
+
+# Knobs given to the rows as columns after the all-pairs covering of the
+# others (the last knobs of each table): with_columns.
+COLUMNS = ("scale",)
 
 
 _F32, _BF16_F32, _BF16 = DTYPE_PAIRS
@@ -337,17 +356,42 @@ def _knobs_taken(knobs: Dict[str, Sequence], knob_values) -> Dict[str, Sequence]
     return knobs
 
 
+def with_columns(rows: Sequence[Tuple], names: Sequence[str],
+                 columns: Dict[str, Sequence]) -> Tuple[Tuple, ...]:
+    """rows (tuples in `names` order) each extended by one value of every
+    column, in order: the value pairing with the most of the row's knob
+    values not yet seen with it (the first value on a tie), so every value
+    meets as many knob values as the rows allow, and no row is added."""
+    rows = [tuple(r) for r in rows]
+    for column, values in columns.items():
+        seen = set()
+        extended = []
+        for row in rows:
+            value = max(values, key=lambda v: (sum((i, row[i], v) not in seen
+                                                   for i in range(len(names))),
+                                               -list(values).index(v)))
+            seen.update((i, row[i], value) for i in range(len(names)))
+            extended.append(row + (value,))
+        rows, names = extended, list(names) + [column]
+    return tuple(rows)
+
+
 def _rows(knobs, extra_rows, limits, knob_values=()) -> Tuple[Tuple, ...]:
     """The all-pairs rows of the knob values within the limits and taken by
-    the target, then the extra rows, those outside either dropped."""
+    the target, then the extra rows, those outside either dropped; the
+    COLUMNS given to them last (with_columns)."""
     within = _knobs_taken(_knobs_within(knobs, limits), knob_values)
     names = list(knobs)
     if any(not values for values in within.values()):
         return ()
+    paired = [n for n in names if n not in COLUMNS]
+    assert names == paired + [n for n in names if n in COLUMNS], "COLUMNS come last"
     taken = dict(knob_values)
     extra = tuple(r for r in extra_rows
-                  if all(r[i] in taken[n] for i, n in enumerate(names) if n in taken))
-    rows = tuple(tuple(r[n] for n in names) for r in all_pairs(within)) + extra
+                  if all(r[i] in taken[n] for i, n in enumerate(paired) if n in taken))
+    base = tuple(tuple(r[n] for n in paired)
+                 for r in all_pairs({n: within[n] for n in paired})) + extra
+    rows = with_columns(base, paired, {n: within[n] for n in names if n in COLUMNS})
     if limits is None:
         return rows
     return tuple(r for r in rows if not row_refused(limits, dict(zip(names, r))))

@@ -128,15 +128,21 @@ def release_executables_if_needed(fraction: float = 0.5) -> bool:
 
 
 # -------------------------------------------------------------- static args
+def _scale(case) -> Tuple:
+    """scale= where the case passes one (none at the default: the call, and
+    its compiled program, are those of a case without the argument)."""
+    return () if case.scale is None else (("scale", case.scale),)
+
+
 def delta_static(case: DeltaRuleCase) -> Tuple:
-    return (("chunk_size", case.chunk),)
+    return (("chunk_size", case.chunk),) + _scale(case)
 
 
 def mixer_static(case: MixerCase) -> Tuple:
     return (("num_k_heads", case.k_heads), ("num_v_heads", case.v_heads),
             ("head_k_dim", case.dk), ("head_v_dim", case.dv),
             ("use_qk_norm", case.use_qk_norm), ("eps", case.eps),
-            ("chunk_size", case.chunk))
+            ("chunk_size", case.chunk)) + _scale(case)
 
 
 # -------------------------------------------------------------- runners

@@ -26,6 +26,7 @@ CHUNK_128 = shape_claim(lambda c: c.chunk == 128, "chunk_size:128")
 ONE_TOKEN = shape_claim(lambda c: c.seq_len == 1)                           # T=1
 ONE_PAST_A_CHUNK = shape_claim(lambda c: c.seq_len == c.chunk + 1)          # T=C+1
 PAST_A_CHUNK = shape_claim(lambda c: c.seq_len > c.chunk)                   # T=C+1 or longer
+OTHER_SCALE = shape_claim(lambda c: c.scale is not None, "scale")        # scale= != Dk**-0.5
 PER_BATCH_A_LOG = shape_claim(                                              # [B,Hv] a_log
     lambda c: len(c.a_log_shape) == 2 and c.a_log_shape[0] == c.batch > 1)
 

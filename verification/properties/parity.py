@@ -10,8 +10,8 @@ from strategies.inputs import chunk_geometry, closest_key_pair, deepest_chunk_lo
 from strategies.cases import DeltaRuleCase, MixerCase
 
 from ..engine.registry import prop, shape_claim
-from .common import (BFLOAT16, CHUNK_128, GVA, ONE_PAST_A_CHUNK, ONE_TOKEN, PER_BATCH_A_LOG,
-                     parity_rows)
+from .common import (BFLOAT16, CHUNK_128, GVA, ONE_PAST_A_CHUNK, ONE_TOKEN, OTHER_SCALE,
+                     PER_BATCH_A_LOG, parity_rows)
 
 # Regressions found by this suite (docs/kernel-authors.md, "Findings").
 STRONG_DECAY_T15 = DeltaRuleCase(batch=1, seq_len=15, k_heads=1, group=1, dk=16, dv=16,
@@ -53,6 +53,7 @@ DELTA_COVERS = {
     "zero q/k row": lambda c: bool(c.zero_rows),
     "initial state": shape_claim(lambda c: c.has_initial_state, "initial_state"),
     "C=128": CHUNK_128,
+    "scale= other than Dk**-0.5": OTHER_SCALE,
     # the keys' geometry, measured on the inputs (cheap cases tried first)
     "mean in-chunk key cosine >= 0.9": lambda c: (c.key_cosine >= 0.9 and c.seq_len >= 16
                                                   and chunk_geometry(c)[0] >= 0.9),
@@ -81,6 +82,7 @@ MIXER_COVERS = {
     "no qk norm": shape_claim(lambda c: not c.use_qk_norm, "qk_norm:off"),
     "near-zero row": lambda c: bool(c.near_zero),
     "C=128": CHUNK_128,
+    "scale= other than Dk**-0.5": OTHER_SCALE,
 }
 
 

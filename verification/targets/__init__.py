@@ -49,7 +49,8 @@ def lattice_knob_values(declaration) -> dict:
     """{lattice knob: the values the target takes} read off its declared
     supports, where they leave some out: a QK norm fixed inside its layer
     (qk_norm on only), its activation dtypes, no GVA (group 1 layouts), its
-    chunk sizes, no initial state of the core op."""
+    chunk sizes, no initial state of the core op, no scale= (the default
+    only)."""
     from strategies import lattice
     s, values = declaration.supports, {}
     if s.mixer_qk_norm is not None:
@@ -62,6 +63,8 @@ def lattice_knob_values(declaration) -> dict:
         values["chunk"] = tuple(s.chunk_sizes)
     if not s.initial_state:
         values["initial_state"] = (False,)
+    if not s.scale:
+        values["scale"] = (1.0,)
     return values
 
 

@@ -410,7 +410,8 @@ def case_type_needs(case_type) -> Tuple[str, ...]:
 def case_needs(case) -> Tuple[str, ...]:
     """What one case asks of the target: its op (the mixer, or the core op),
     activation dtype, chunk size, QK norm (none inside the core op; the
-    mixer's own), beta = 1, GVA, packed rows and (core op) an initial state."""
+    mixer's own), beta = 1, GVA, a scale= other than the default, packed
+    rows and (core op) an initial state."""
     from strategies.cases import MixerCase
     mixer = isinstance(case, MixerCase)
     needs = ["mixer" if mixer else "core"]
@@ -421,6 +422,8 @@ def case_needs(case) -> Tuple[str, ...]:
         needs.append("saturated_beta")
     if case.group > 1:
         needs.append("gva")
+    if case.scale is not None:
+        needs.append("scale")
     if case.segments:
         needs.append("segment_ids")
     if not isinstance(case, MixerCase) and case.has_initial_state:

@@ -376,3 +376,24 @@ def test_a_kernel_declared_as_it_is_holds_inside_its_limits():
     assert undeclared.returncode == 1, out[-3000:]
     assert "failure class raised ValueError" in out and "is not a multiple of chunk_size" in out
     assert "raised (not checked)" in out, out[-3000:]
+
+
+IGNORES_SCALE = "verification.fixture_kernels.wrong_targets.ignores_scale"
+
+
+@pytest.mark.parametrize("prop_id", ["delta_rule_forward_parity", "mixer_gradient_parity"])
+def test_a_target_that_ignores_scale_fails_where_a_scale_is_drawn(prop_id):
+    """scale= is drawn, the default and another value (a column of the
+    lattice's rows): a kernel that takes the argument and drops it fails on
+    the cases that pass another value, and holds on the same cases at the
+    default; a target declaring no scale= is never given one."""
+    prop = PROPERTIES[prop_id]
+    drawn = drawn_cases(prop, 30)
+    scaled = [c for c in drawn if c.scale is not None][:2]
+    assert scaled and any(c.scale is None for c in drawn), "both scales are drawn"
+    target = Target.parse(IGNORES_SCALE)
+    assert harness.verdict_of(prop, target, scaled)[0] == harness.FAILED
+    default = [dataclasses.replace(c, scale=None) for c in scaled]
+    assert harness.verdict_of(prop, target, default)[0] == harness.HELD
+    fixed, _ = declared_target("no scale", supports=Supports(scale=False))
+    assert "no scale= argument" in unmet(fixed.declaration, prop.case_needs(scaled[0]))
