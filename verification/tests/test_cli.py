@@ -332,3 +332,26 @@ def test_progress_says_a_failing_property_is_searching_and_shrinking():
         "gdn-verify: state_gradient_parity: failing since example 4, searching and shrinking: "
         "65 example(s) run, 12 failing [30 s]"]
 
+
+
+ABORTS_AT_TEARDOWN = "verification.fixture_kernels.foreign_targets.aborts_at_teardown"
+
+
+def test_the_exit_status_is_the_verdicts_whatever_tears_down_after_it():
+    """A kernel module whose runtime aborts the process at interpreter
+    teardown (as an MLX function compiled with mx.compile can): gdn-verify's
+    status is still the verdict's (0: the kernel is correct). The control:
+    the same run through main() alone, the interpreter then tearing down,
+    ends by SIGABRT."""
+    args = ["--target", ABORTS_AT_TEARDOWN, "--profile", "dev", "--examples", "2",
+            "--properties", "causality", "--jobs", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GDN_")}
+    proc = subprocess.run([sys.executable, "-m", "verification.cli", *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "FAILED: 0" in proc.stdout
+    control = subprocess.run(
+        [sys.executable, "-c", "import sys; from verification.cli import main; "
+                               "sys.exit(main(sys.argv[1:]))", *args],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert control.returncode == -6, control.returncode           # SIGABRT

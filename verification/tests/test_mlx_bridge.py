@@ -37,6 +37,7 @@ load_all()
 
 SCAN = "verification.fixture_kernels.mlx_targets.token_scan"
 SCAN_BUG = "verification.fixture_kernels.mlx_targets.token_scan_decay_after_update"
+SCAN_BUG_COMPILED = "verification.fixture_kernels.mlx_targets.compiled_decay_after_update"
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
@@ -124,14 +125,16 @@ def test_compile_counts_are_not_checkable_on_an_mlx_target():
                for line in target.declaration.conventions)
 
 
-def test_a_planted_bug_in_an_mlx_kernel_is_killed_and_replays(tmp_path):
+@pytest.mark.parametrize("bug", [SCAN_BUG, SCAN_BUG_COMPILED])
+def test_a_planted_bug_in_an_mlx_kernel_is_killed_and_replays(bug, tmp_path):
     """From a directory outside the repository: the decay applied after the
-    update fails the forward parity with a counterexample file, and
-    `gdn-verify replay` reproduces it."""
+    update (its step plain, or compiled by mx.compile) fails the forward
+    parity with a counterexample file, and `gdn-verify replay` reproduces
+    it; each process's status is the verdict's, 1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GDN_")}
     run = [sys.executable, "-m", "verification.cli"]
     proc = subprocess.run(
-        run + ["--target", SCAN_BUG, "--profile", "dev", "--examples", "2",
+        run + ["--target", bug, "--profile", "dev", "--examples", "2",
                "--properties", "delta_rule_forward_parity", "--jobs", "1"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -139,4 +142,4 @@ def test_a_planted_bug_in_an_mlx_kernel_is_killed_and_replays(tmp_path):
     assert files, proc.stdout[-3000:]
     replay = subprocess.run(run + ["replay", files[0]], capture_output=True, text=True,
                             timeout=600, cwd=tmp_path, env=env)
-    assert replay.returncode != 0 and "STILL FAILS" in replay.stdout, replay.stdout[-2000:]
+    assert replay.returncode == 1 and "STILL FAILS" in replay.stdout, replay.stdout[-2000:]

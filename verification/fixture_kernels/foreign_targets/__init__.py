@@ -16,4 +16,7 @@ bf16_state_chunked    the same with its state kept in bfloat16, declared
                       "bfloat16-state".
 lapack_solve_chunked  bf16_compute_chunked solving its chunk matrix with
                       jaxlib's batched LAPACK triangular solve.
+aborts_at_teardown    gdn_kernels' XLA twin in a module that aborts its
+                      process at interpreter teardown, as a framework's
+                      runtime can; import it only in a process run for it.
 """
