@@ -299,7 +299,8 @@ class Recording:
         from .summary import shown_path
         from .tolerance import format_table
         session, written = self.run.session, []
-        for (prop, klass), (case, target, rows) in list(session.last_failure.items()):
+        failures = list(session.last_failure.items())
+        for (prop, klass), (case, target, rows) in failures:
             table = format_table(rows) if rows else "(no error table: the check raised)"
             path = counterexamples.write(prop, case, target.spec, self.run.profile_name(),
                                          rows, table, failure_class=klass)
@@ -308,7 +309,8 @@ class Recording:
             note = failing[0].note if failing else ""
             if prop in session.stats:      # a property's test, not a meta-test's hunt
                 session.stats[prop].add_failure(klass, 0.0, examples=0, file=shown_path(path),
-                                                shrunk=shrunk)
+                                                shrunk=shrunk, diagnosis=_diagnosis(prop, target,
+                                                                                    case))
             report.sections.append((f"gdn-verify counterexample [{klass}]",
                                     f"shrunk case written to {path}\nreplay: "
                                     f"{counterexamples.replay_command(path)}\n{table}"))
@@ -401,6 +403,23 @@ class Summary:
             terminal.write_line(line)
 
 
+def _diagnosis(prop: str, target, case):
+    """The diagnosis (verification/engine/diagnosis.py) of a shrunk failing
+    case, as JSON; None in a profile that does not shrink (kill), where a
+    run stops at its first failure."""
+    from hypothesis import Phase, settings
+    from .engine import diagnosis, harness
+    if Phase.shrink not in settings().phases:
+        return None
+    kept = dict(harness.session().last_failure)     # the changed cases' failures stay out
+    try:
+        return diagnosis.diagnose(
+            lambda c: harness.check_property(prop, target, c, record=False), case).to_json()
+    finally:
+        harness.session().last_failure.clear()
+        harness.session().last_failure.update(kept)
+
+
 def _shorten(report, prop: str, written) -> None:
     """A failed property's report as the terminal shows it: one line per
     failure class (the shrunk case's ratio, the worst seen, its worst row's
@@ -416,9 +435,11 @@ def _shorten(report, prop: str, written) -> None:
     path = shown_path(counterexamples.write_detail(prop, detail))
     lines = [f"{prop}: FAILED, {len(written)} failure class(es); the whole report: {path}"]
     for klass, shrunk, note, file in written:
-        worst = st.classes.get(klass, {}).get("worst") if st is not None else None
+        row = st.classes.get(klass, {}) if st is not None else {}
+        cause = (row.get("diagnosis") or {}).get("cause")
         lines.append(f"  [{klass}] shrunk case ratio {ratio_text(shrunk)} (worst seen "
-                     f"{ratio_text(worst)})" + (f", {note}" if note else "")
+                     f"{ratio_text(row.get('worst'))})" + (f", {note}" if note else "")
+                     + (f"; {cause}" if cause else "")
                      + f": {counterexamples.replay_command(file)}")
     report.longrepr = "\n".join(lines)
     report.sections = []

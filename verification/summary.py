@@ -126,16 +126,41 @@ def ratio_text(ratio) -> str:
     return "?" if ratio is None else f"{ratio:.3g}"
 
 
+def _class_line(st, k: str, indent: str) -> str:
+    c = st.classes[k]
+    return (f"{indent}failure class {k}: {c['examples']} failing run(s), shrunk case ratio "
+            f"{ratio_text(c.get('shrunk'))} (worst seen {ratio_text(c['worst'])}), "
+            f"counterexample {_class_file(st, k)}"
+            + (f"; {c['message']}" if c.get("message") else ""))
+
+
+def causes(st) -> dict:
+    """A property's failure classes by cause: the diagnosis's changes that
+    make the case pass (verification/engine/diagnosis.py) -> its classes,
+    the worst first; the classes without a diagnosis, or whose changes
+    found nothing, each under a cause of its own."""
+    groups: dict = {}
+    for k in sorted(st.classes, key=lambda k: -st.classes[k]["worst"]):
+        diagnosis = st.classes[k].get("diagnosis") or {}
+        key = tuple(diagnosis.get("passes_with") or ()) or ("", k)
+        groups.setdefault(key, []).append(k)
+    return groups
+
+
 def failure_class_lines(st) -> list:
-    """One line per failure class of a property, the worst first: each is
-    its own finding, with its own counterexample file; the ratio of the
-    shrunk case that file holds beside the worst seen while searching."""
-    order = sorted(st.classes, key=lambda k: -st.classes[k]["worst"])
-    return [f"    failure class {k}: {st.classes[k]['examples']} failing run(s), shrunk case "
-            f"ratio {ratio_text(st.classes[k].get('shrunk'))} (worst seen "
-            f"{ratio_text(st.classes[k]['worst'])}), counterexample {_class_file(st, k)}"
-            + (f"; {st.classes[k]['message']}" if st.classes[k].get("message") else "")
-            for k in order]
+    """The failure classes of a property, the worst first, each its own
+    counterexample file with the ratio of the shrunk case it holds beside
+    the worst seen while searching; classes a diagnosis gives one cause
+    (the same changes make each pass) listed under that cause."""
+    lines = []
+    for key, classes in causes(st).items():
+        diagnosis = st.classes[classes[0]].get("diagnosis")
+        if diagnosis is None:
+            lines += [_class_line(st, k, "    ") for k in classes]
+            continue
+        lines.append(f"    cause: {diagnosis['cause']}: {len(classes)} failure class(es)")
+        lines += [_class_line(st, k, "      ") for k in classes]
+    return lines
 
 
 def deviation_lines(declaration, stats) -> list:

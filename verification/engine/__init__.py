@@ -12,6 +12,7 @@
     program_store.py     compiled programs kept across runs, keyed by the traced program
     picture.py           the run's picture (properties x tensors) and the kill matrix, as SVG
     counterexamples.py   counterexample files and their replay
+    diagnosis.py         which one change makes a failing case pass (its cause)
     known_failures.py    --gdn-known-failures
     shards.py, reports.py, shared_db.py   sharded runs, merged reports, a shared
                          example database

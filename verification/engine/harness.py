@@ -79,7 +79,8 @@ class PropertyStats:
     worst: Dict[str, TensorError] = dataclasses.field(default_factory=dict)
     # failure class (tolerance.failure_class) -> {"examples", "worst" (the
     # worst ratio seen while searching and shrinking), "file" (its
-    # counterexample, once written), "shrunk" (that counterexample's ratio)}
+    # counterexample, once written), "shrunk" (that counterexample's ratio),
+    # "diagnosis" (diagnosis.Diagnosis.to_json of that counterexample)}
     classes: Dict[str, dict] = dataclasses.field(default_factory=dict)
     # tensor -> {"examples", "worst"}: rows that held only at the target's
     # declared precision (tolerance.DEVIATES), worst = ratio at the contract's bound
@@ -108,7 +109,7 @@ class PropertyStats:
 
     def add_failure(self, failure_class: str, ratio: float, examples: int = 1,
                     file: str = "", message: str = "",
-                    shrunk: Optional[float] = None) -> None:
+                    shrunk: Optional[float] = None, diagnosis: Optional[dict] = None) -> None:
         c = self.classes.setdefault(failure_class, {"examples": 0, "worst": 0.0, "file": ""})
         c["examples"] += examples
         c["worst"] = max(c["worst"], ratio)
@@ -117,6 +118,8 @@ class PropertyStats:
             c["message"] = message
         if shrunk is not None:
             c["shrunk"] = shrunk
+        if diagnosis is not None:
+            c["diagnosis"] = diagnosis
 
     @property
     def worst_class(self) -> Optional[str]:
@@ -547,7 +550,7 @@ def merge_stats_json(stats: dict, into: Optional[Dict[str, PropertyStats]] = Non
             st.add_tolerated(tensor, tol["worst"], tol["examples"])
         for klass, c in d.get("classes", {}).items():
             st.add_failure(klass, c["worst"], c["examples"], c["file"], c.get("message", ""),
-                           c.get("shrunk"))
+                           c.get("shrunk"), c.get("diagnosis"))
         for claim, n in d.get("claims_met", {}).items():
             st.claims_met[claim] = st.claims_met.get(claim, 0) + n
         st.claims_unmet.update(d.get("claims_unmet", {}))

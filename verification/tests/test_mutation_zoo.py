@@ -302,7 +302,7 @@ def _the_report_an_author_reads(stdout: str, prop: str, files: dict, folder) -> 
         (line,) = [x for x in lines if x.startswith(f"  [{klass}] shrunk case ratio ")]
         assert "(worst seen " in line and line.endswith(f"gdn-verify replay {path}"), line
         (summary_row,) = [x for x in lines[sections[-1]:]
-                          if x.startswith(f"    failure class {klass}:")]
+                          if x.lstrip().startswith(f"failure class {klass}:")]
         assert "shrunk case ratio" in summary_row and "worst seen" in summary_row, summary_row
     detail = (folder / f"{prop}.failure.txt").read_text()
     assert all(f"gdn-verify counterexample [{klass}]" in detail for klass in files), detail
