@@ -216,11 +216,9 @@ def replay(path: str, target: Optional[str], module: Optional[str] = None) -> in
         klass = failure_class(err.rows, getattr(record["case_obj"], "dtype", "?"))
         recorded = record.get("failure_class") or klass
         print(f"STILL FAILS: {record['property']} [{klass}]"
-              + ("" if recorded == klass else f" (recorded as [{recorded}])"), flush=True)
-        from .engine import diagnosis
-        found = diagnosis.diagnose(lambda c: mesh_worker.run(prop, resolved, c),
-                                   record["case_obj"])
-        print(f"diagnosis: {found.cause}")
+              + ("" if recorded == klass else f" (recorded as [{recorded}])"))
+        if record.get("diagnosis"):
+            print(f"diagnosis when found: {record['diagnosis']['cause']}")
         return 1
     except Exception as err:  # noqa: BLE001 - a crash is a failure too
         print(f"STILL FAILS: {record['property']} [{raised_class(err)}]: {err}")

@@ -302,15 +302,15 @@ class Recording:
         failures = list(session.last_failure.items())
         for (prop, klass), (case, target, rows) in failures:
             table = format_table(rows) if rows else "(no error table: the check raised)"
+            found = _diagnosis(prop, target, case) if prop in session.stats else None
             path = counterexamples.write(prop, case, target.spec, self.run.profile_name(),
-                                         rows, table, failure_class=klass)
+                                         rows, table, failure_class=klass, diagnosis=found)
             failing = sorted((r for r in rows if not r.passed), key=lambda r: -r.ratio)
             shrunk = failing[0].ratio if failing else None
             note = failing[0].note if failing else ""
             if prop in session.stats:      # a property's test, not a meta-test's hunt
                 session.stats[prop].add_failure(klass, 0.0, examples=0, file=shown_path(path),
-                                                shrunk=shrunk, diagnosis=_diagnosis(prop, target,
-                                                                                    case))
+                                                shrunk=shrunk, diagnosis=found)
             report.sections.append((f"gdn-verify counterexample [{klass}]",
                                     f"shrunk case written to {path}\nreplay: "
                                     f"{counterexamples.replay_command(path)}\n{table}"))

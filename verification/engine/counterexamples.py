@@ -61,9 +61,11 @@ def _git_commit() -> Optional[str]:
 
 
 def write(prop: str, case, target: str, profile: str, rows, table: str,
-          folder: Optional[str] = None, failure_class: str = "") -> str:
+          folder: Optional[str] = None, failure_class: str = "",
+          diagnosis: Optional[dict] = None) -> str:
     """Write one counterexample file; returns its path. failure_class:
-    tolerance.failure_class of the failure (one file per class)."""
+    tolerance.failure_class of the failure (one file per class); diagnosis:
+    the case's (diagnosis.Diagnosis.to_json), where one was made."""
     case_json = case_to_json(case)
     key = json.dumps({"case": case_json, "target": target}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
@@ -75,7 +77,7 @@ def write(prop: str, case, target: str, profile: str, rows, table: str,
         "case": case_json, "target": target, "profile": profile,
         "error_table": [r.to_json() for r in rows], "error_table_text": table,
         "interpret_mode": _interpret_mode(), "environment": recorded_environment(),
-        "versions": versions(), "git_commit": _git_commit(),
+        "versions": versions(), "git_commit": _git_commit(), "diagnosis": diagnosis,
         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
     # written whole under a temporary name, then renamed: pytest-xdist

@@ -127,6 +127,11 @@ def test_one_cause_for_the_failure_classes_of_an_ignored_scale(tmp_path):
                            for c in classes.values()), classes
     summary = proc.stdout.split("gdn-verify summary", 1)[1]
     assert summary.count("    cause: passes with the default scale") == 1, summary[-3000:]
+    path = next(iter(classes.values()))["file"]
+    replay = subprocess.run([sys.executable, "-m", "verification.cli", "replay", path],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert replay.returncode == 1
+    assert "diagnosis when found: passes with the default scale" in replay.stdout
 
 
 def test_classes_of_the_same_changes_are_one_cause():

@@ -85,8 +85,9 @@ def test_parallel_run_matches_serial_verdicts_and_summary(serial, tmp_path):
     summary = p_proc.stdout.split("gdn-verify summary")[1]
     for name in PROPERTIES.split(","):
         assert name in summary
-    files = os.listdir(tmp_path / "counterexamples")
-    assert files and all(f.startswith("determinism-") and f.endswith(".json") for f in files)
+    files = [f for f in os.listdir(tmp_path / "counterexamples") if f.endswith(".json")]
+    assert files and all(f.startswith("determinism-") for f in files)
+    assert os.path.exists(tmp_path / "counterexamples" / "determinism.failure.txt")
 
 
 def test_shard_reports_merge_to_the_unsharded_verdicts(serial, tmp_path):
