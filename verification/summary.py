@@ -134,26 +134,14 @@ def _class_line(st, k: str, indent: str) -> str:
             + (f"; {c['message']}" if c.get("message") else ""))
 
 
-def causes(st) -> dict:
-    """A property's failure classes by cause: the diagnosis's changes that
-    make the case pass (verification/engine/diagnosis.py) -> its classes,
-    the worst first; the classes without a diagnosis, or whose changes
-    found nothing, each under a cause of its own."""
-    groups: dict = {}
-    for k in sorted(st.classes, key=lambda k: -st.classes[k]["worst"]):
-        diagnosis = st.classes[k].get("diagnosis") or {}
-        key = tuple(diagnosis.get("passes_with") or ()) or ("", k)
-        groups.setdefault(key, []).append(k)
-    return groups
-
-
 def failure_class_lines(st) -> list:
     """The failure classes of a property, the worst first, each its own
     counterexample file with the ratio of the shrunk case it holds beside
     the worst seen while searching; classes a diagnosis gives one cause
     (the same changes make each pass) listed under that cause."""
+    from .engine.diagnosis import causes
     lines = []
-    for key, classes in causes(st).items():
+    for key, classes in causes(st.classes).items():
         diagnosis = st.classes[classes[0]].get("diagnosis")
         if diagnosis is None:
             lines += [_class_line(st, k, "    ") for k in classes]

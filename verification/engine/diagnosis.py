@@ -182,3 +182,17 @@ def diagnose(check: Callable, case, budget_s: float = BUDGET_S,
         else:
             (passes if verdict else fails).append(factor.name)
     return Diagnosis(tuple(passes), tuple(fails), tuple(untried))
+
+
+def causes(classes: dict) -> dict:
+    """A property's failure classes (harness.PropertyStats.classes, or their
+    JSON) by cause: the changes that make the case pass -> its classes, the
+    worst first; a class without a diagnosis, or whose changes found
+    nothing, under a cause of its own."""
+    groups: dict = {}
+    for k in sorted(classes, key=lambda k: -classes[k]["worst"]):
+        found = classes[k].get("diagnosis") or {}
+        key = tuple(found.get("passes_with") or ()) or ("", k)
+        groups.setdefault(key, []).append(k)
+    return groups
+

@@ -3,8 +3,11 @@
 One SVG (no plotting library), drawn from a run's JSON report
 (harness.stats_json, as `gdn-verify --json` / `--gdn-report` write it):
 
-  rows     the properties, in the report's order, each labelled with its
-           verdict (held, FAILED, XFAIL, not checkable)
+  rows     the properties, labelled with their verdicts: the FAILED ones
+           first, then known failures (XFAIL), then those that held; the
+           not-checkable ones folded into one grey row per reason
+  causes   under the grid, each failed property's causes (its failure
+           classes' diagnosis: the changes under which they pass)
   columns  the tensors the rows compared (tolerance.tensor_of: `o`, `dx`,
            `final_state`, `dstate.conv` ...), in contract order, then the
            exact and structural checks in one column
@@ -13,8 +16,7 @@ One SVG (no plotting library), drawn from a run's JSON report
            green (1e-3 and below, far inside) through yellow (0.1) to orange
            (at the bound), red for a row beyond its bound; the number is written
            in the cell
-  marks    "n/c" (grey) a tensor not checkable on the target; a whole row
-           grey for a property not checkable, with its reason; "T" a tensor
+  marks    "n/c" (grey) a tensor not checkable on the target; "T" a tensor
            that held only at the author's declared tolerance, "P" only at the
            declared precision (its ratio at the contract's bound is beside
            the verdict in the summary); "xf" a known failure
@@ -119,12 +121,52 @@ def _ratio_text(ratio: float) -> str:
     return f"{ratio:.2f}" if ratio >= 0.01 else f"{ratio:.0e}".replace("e-0", "e-")
 
 
+VERDICT_ORDER = ("FAILED", "XFAIL", "?", "held")
+
+
+def _rows(props: dict) -> List[Tuple[str, dict]]:
+    """The picture's rows: the properties that ran, FAILED first, then known
+    failures, then those that held (each in the report's order); then one
+    row per reason for the not-checkable properties, named together."""
+    ran = [(n, st) for n, st in props.items() if _verdict(st) != "not checkable"]
+    ran.sort(key=lambda item: VERDICT_ORDER.index(_verdict(item[1]))
+             if _verdict(item[1]) in VERDICT_ORDER else len(VERDICT_ORDER))
+    by_reason: Dict[str, List[str]] = {}
+    for name, st in props.items():
+        if _verdict(st) == "not checkable":
+            by_reason.setdefault(next(iter(st.get("reasons", {})), ""), []).append(name)
+    folded = [(f"{len(names)} not checkable",
+               {"verdict": "not checkable", "reasons": {reason: 1}, "names": names})
+              for reason, names in by_reason.items()]
+    return ran + folded
+
+
+def cause_lines(props: dict) -> List[str]:
+    """One line per cause of each failed property (the diagnosis's changes
+    that make its failure classes pass: verification/summary.py causes)."""
+    from .diagnosis import causes
+    lines = []
+    for name, st in props.items():
+        if _verdict(st) != "FAILED":
+            continue
+        for classes in causes(st.get("classes", {})).values():
+            diagnosis = st["classes"][classes[0]].get("diagnosis")
+            if diagnosis:
+                lines.append(f"{name}: {diagnosis['cause']} ({len(classes)} failure "
+                             f"class(es): {', '.join(classes)})")
+    return lines
+
+
 def svg(report: dict) -> str:
-    """The picture of the run whose JSON report this is."""
+    """The picture of the run whose JSON report this is: the failed
+    properties first, the not-checkable ones folded into a row per reason,
+    the failures' causes under the grid."""
     props = report["properties"]
     cols = columns(report)
+    rows = _rows(props)
+    found = cause_lines(props)
     width = LABEL_W + CELL_W * max(len(cols), 1) + 150      # room for the slanted headers
-    height = TITLE_H + HEADER_H + CELL_H * len(props) + LEGEND_H
+    height = TITLE_H + HEADER_H + CELL_H * len(rows) + 16 * (len(found) + bool(found)) + LEGEND_H
     verdicts = [_verdict(st) for st in props.values()]
     counts = ", ".join(f"{v} {verdicts.count(v)}" for v in
                        ("held", "FAILED", "XFAIL", "not checkable") if verdicts.count(v))
@@ -138,18 +180,20 @@ def svg(report: dict) -> str:
     for j, c in enumerate(cols):
         x = LABEL_W + CELL_W * j + CELL_W / 2
         out.append(_text(x, top - 6, c, size=11, rotate=-40))
-    for i, (name, st) in enumerate(props.items()):
+    for i, (name, st) in enumerate(rows):
         y = top + CELL_H * i
-        verdict = verdicts[i]
+        verdict = _verdict(st)
         colour_of_label = FAILED_FILL if verdict == "FAILED" else "#222"
-        out.append(_text(LABEL_W - 8, y + 14, f"{name}  {verdict}", size=11, anchor="end",
-                         fill=colour_of_label))
         if verdict == "not checkable":
+            out.append(_text(LABEL_W - 8, y + 14, name, size=11, anchor="end"))
             out.append(f'<rect x="{LABEL_W}" y="{y}" width="{CELL_W * len(cols)}" '
                        f'height="{CELL_H}" fill="{NOT_CHECKABLE_FILL}" stroke="white"/>')
             reason = next(iter(st.get("reasons", {})), "")
-            out.append(_text(LABEL_W + 6, y + 14, f"not checkable: {reason}"[:110], size=10))
+            out.append(_text(LABEL_W + 6, y + 14, f"not checkable: {reason} "
+                             f"({', '.join(st['names'])})"[:160], size=10))
             continue
+        out.append(_text(LABEL_W - 8, y + 14, f"{name}  {verdict}", size=11, anchor="end",
+                         fill=colour_of_label))
         row = cells(st)
         for j, c in enumerate(cols):
             x = LABEL_W + CELL_W * j
@@ -168,7 +212,14 @@ def svg(report: dict) -> str:
                 out.append(_text(x + CELL_W / 2, y + 14, label, size=9, anchor="middle", fill=ink))
         if verdict == "XFAIL":
             out.append(_text(LABEL_W + CELL_W * len(cols) + 4, y + 14, "xf", size=10))
-    out += _legend(top + CELL_H * len(props) + 18)
+    y = top + CELL_H * len(rows) + 16
+    if found:
+        out.append(_text(10, y, "causes (the changes under which the failure passes):",
+                         size=11, weight="bold"))
+        for line in found:
+            y += 16
+            out.append(_text(10, y, line[:200], size=10, fill=FAILED_FILL))
+    out += _legend(y + 2)
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

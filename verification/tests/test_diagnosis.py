@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from strategies.cases import MixerCase
 
 from ..engine import diagnosis, runners
+from ..engine.diagnosis import causes
 from ..engine.registry import PROPERTIES, PropertyFailure
 from ..properties import load_all
-from ..summary import causes
 
 load_all()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -142,5 +142,5 @@ def test_classes_of_the_same_changes_are_one_cause():
     st.add_failure("db float32 finite", 9.0, diagnosis=same)
     st.add_failure("o float32 finite", 3.0, diagnosis={"cause": "x", "passes_with": []})
     st.add_failure("dg float32 finite", 2.0)
-    assert list(causes(st).values()) == [["db float32 finite", "dx float32 finite"],
+    assert list(causes(st.classes).values()) == [["db float32 finite", "dx float32 finite"],
                                          ["o float32 finite"], ["dg float32 finite"]]

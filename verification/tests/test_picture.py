@@ -90,3 +90,29 @@ def test_the_kill_matrix_shows_every_killer_its_examples_and_survivors():
     # plus the legend's; two cells ran and held, plus the legend's
     assert fills.count(picture.KILL_FILL) == 5 and fills.count(picture.HELD_FILL) == 3
     assert ">4<" in svg and ">2<" in svg
+
+
+def test_failures_lead_not_checkables_fold_and_causes_are_listed():
+    """FAILED rows first; the not-checkable properties one grey row per
+    reason, naming them; each failed property's causes under the grid."""
+    scale = {"cause": "passes with the default scale (one change each)",
+             "passes_with": ["the default scale"]}
+    report = {"target": "t", "profile": "dev", "properties": {
+        "mixer_gradient_parity": {"verdict": "held", "worst": [row("dx", 0.2)]},
+        "sharded_a": {"verdict": "not checkable", "worst": [], "reasons": {"no mesh": 1}},
+        "packed_b": {"verdict": "not checkable", "worst": [], "reasons": {"no packing": 1}},
+        "sharded_c": {"verdict": "not checkable", "worst": [], "reasons": {"no mesh": 1}},
+        "delta_rule_forward_parity": {"verdict": "FAILED", "worst": [row("o", 9.0, passed=False)],
+                                      "classes": {"o float32 finite": {"worst": 9.0,
+                                                                       "diagnosis": scale},
+                                                  "o bfloat16 finite": {"worst": 3.0,
+                                                                        "diagnosis": scale}}}}}
+    names = [name for name, _ in picture._rows(report["properties"])]
+    assert names == ["delta_rule_forward_parity", "mixer_gradient_parity",
+                     "2 not checkable", "1 not checkable"]
+    svg = picture.svg(report)
+    ET.fromstring(svg)
+    assert "not checkable: no mesh (sharded_a, sharded_c)" in svg
+    (line,) = picture.cause_lines(report["properties"])
+    assert line.startswith("delta_rule_forward_parity: passes with the default scale")
+    assert "2 failure class(es)" in line and line in svg
