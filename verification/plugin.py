@@ -321,6 +321,9 @@ class Recording:
     def pytest_runtest_logreport(self, report):
         from .engine import harness
         from .summary import progress_line
+        short = dict(report.user_properties).get(SHORT_KEY)
+        if short is not None and report.failed:
+            report.longrepr, report.sections = ShortReport(short), []
         seconds = self.run.test_seconds
         seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
         if getattr(report, "node", None) is not None:     # from a pytest-xdist worker
@@ -421,12 +424,14 @@ def _diagnosis(prop: str, target, case):
 
 
 def _shorten(report, prop: str, written) -> None:
-    """A failed property's report as the terminal shows it: one line per
-    failure class (the shrunk case's ratio, the worst seen, its worst row's
-    note, the replay command) and the file that holds the rest: the failures' error tables,
-    their tracebacks through the suite and the captured output
-    (counterexamples.write_detail). Only the property's own failures are
-    shortened; an error of the suite itself keeps its traceback."""
+    """A failed property's report as the terminal shows it, carried in the
+    report (SHORT_KEY) to where it is printed: one line per failure class
+    (the shrunk case's ratio, the worst seen, its worst row's note, its
+    cause, the replay command) and the file that holds the rest: the
+    failures' error tables, their tracebacks through the suite and the
+    captured output (counterexamples.write_detail). Only the property's own
+    failures are shortened; an error of the suite itself keeps its
+    traceback."""
     from .engine import counterexamples
     from .summary import ratio_text, shown_path
     st = session_stats().get(prop)
@@ -441,8 +446,31 @@ def _shorten(report, prop: str, written) -> None:
                      f"{ratio_text(row.get('worst'))})" + (f", {note}" if note else "")
                      + (f"; {cause}" if cause else "")
                      + f": {counterexamples.replay_command(file)}")
-    report.longrepr = "\n".join(lines)
-    report.sections = []
+    report.user_properties.append((SHORT_KEY, "\n".join(lines)))
+
+
+# The terminal's text of a failed property (_shorten), carried in the test's
+# report to the process that prints it (a pytest-xdist controller).
+SHORT_KEY = "gdn_short_report"
+
+
+class ShortReport:
+    """A failed property's report as the terminal shows it (_shorten's
+    lines): put in place of the report's traceback where the report is
+    printed (Recording.pytest_runtest_logreport), so pytest's short summary
+    takes its first line alone, even on CI, where pytest prints a message
+    whole."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.reprcrash = type("Crash", (), {"message": text.splitlines()[0]})()
+
+    def toterminal(self, tw) -> None:
+        for line in self.text.splitlines():
+            tw.line(line)
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def session_stats() -> dict:
