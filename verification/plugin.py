@@ -318,6 +318,7 @@ class Recording:
         session.last_failure.clear()
         return written
 
+    @pytest.hookimpl(trylast=True)     # after the JUnit XML has the full report
     def pytest_runtest_logreport(self, report):
         from .engine import harness
         from .summary import progress_line
