@@ -240,8 +240,7 @@ def _replay_hung(record: dict, stalled_s: float) -> None:
     watchdog.HUNG_EXIT, a failure)."""
     from .engine import watchdog
     stacks = os.path.splitext(record["path"])[0] + ".replay-stacks.txt"
-    threads = watchdog.stacks_text()
-    cause = watchdog.known_wait(threads)
+    threads, cause = watchdog.stacks_and_cause()
     with open(stacks, "w") as f:
         f.write(threads)
     print(f"STILL FAILS: {record['property']} [{watchdog.HUNG}]: no progress in "

@@ -10,7 +10,7 @@ diagnosis lists the changes under which the case passes ("passes with
 ordinary gates"), those under which it still fails, and those that could
 not be tried (outside the target's declaration, or the check raised).
 Failure classes of one property with the same changes that pass are one
-cause (verification/summary.py). Factors the case cannot express (the
+cause (`causes`, read by the summary and the picture). Factors the case cannot express (the
 incoming conv state, the cotangents of the outputs and of the returned
 state) are not among them: a diagnosis says so where it finds nothing.
 

@@ -269,8 +269,7 @@ def _record_hang(name: str, case, target, stats: PropertyStats, stalled_s: float
     stats.verdict = FAILED
     message = (f"no example finished in {stalled_s:.0f} s and the process sat idle "
                f"(under {watchdog.IDLE_CPU:.0%} of a core)")
-    threads = watchdog.stacks_text()
-    cause = watchdog.known_wait(threads)
+    threads, cause = watchdog.stacks_and_cause()
     message += f": {cause}" if cause else ""
     path = counterexamples.write(name, case, target.spec, selected_profile(), [], message,
                                  failure_class=watchdog.HUNG)

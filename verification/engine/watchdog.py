@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 HUNG = "hung"                     # the failure class of an example that never ended
 AFTER_ENV = "GDN_HANG_AFTER_S"
@@ -95,6 +95,13 @@ KNOWN_WAITS = (
      "has threads ({ENV}={threads}), each waiting for pieces of its batch no free thread "
      "is left to run (verification/engine/cpu_pool.py)"),
 )
+
+
+def stacks_and_cause() -> Tuple[str, Optional[str]]:
+    """The stacks of every thread (stacks_text) and the wait they show, where
+    KNOWN_WAITS names it (known_wait), or None."""
+    stacks = stacks_text()
+    return stacks, known_wait(stacks)
 
 
 def known_wait(stacks: str) -> Optional[str]:
